@@ -1,0 +1,421 @@
+//! The single-threaded core of one index shard: key → slot map, a slab of
+//! entries, and two intrusive LRU lists (clean and dirty) of the entries
+//! that may be evicted. It does no IO and takes no lock; the buffer puts
+//! each core behind its shard's mutex. Kept apart so that it can be tested
+//! and validated on its own.
+
+use crate::buffer::pinned::Waiter;
+use crate::store::DiskLoc;
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::Arc;
+
+pub(crate) const NIL: u32 = u32::MAX;
+
+/// The two eviction lists. Clean entries (a valid disk copy exists) go first
+/// because dropping them costs no IO.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ListKind {
+    Clean = 0,
+    Dirty = 1,
+}
+
+/// Where an entry's value is. See docs/design.md for the transitions.
+pub(crate) enum State<V> {
+    /// In memory. `disk` is the record of a valid disk copy (clean) or
+    /// `None` (dirty).
+    Resident { value: Arc<V>, disk: Option<DiskLoc> },
+    /// In memory, with a write queued or running; still readable.
+    Spilling { value: Arc<V> },
+    /// Only on disk.
+    OnDisk { loc: DiskLoc },
+    /// On disk with a read in flight; `waiters` get the value when it lands.
+    /// `prefetch` reads hold a reservation of `weight` bytes.
+    Unspilling {
+        loc: DiskLoc,
+        waiters: Vec<Waiter<V>>,
+        prefetch: bool,
+    },
+}
+
+impl<V> State<V> {
+    /// The value, when it is in memory.
+    pub(crate) fn value(&self) -> Option<&Arc<V>> {
+        match self {
+            State::Resident { value, .. } | State::Spilling { value } => Some(value),
+            _ => None,
+        }
+    }
+
+    /// The record this entry owns on disk, if any.
+    pub(crate) fn disk(&self) -> Option<DiskLoc> {
+        match self {
+            State::Resident { disk, .. } => *disk,
+            State::OnDisk { loc } | State::Unspilling { loc, .. } => Some(*loc),
+            State::Spilling { .. } => None,
+        }
+    }
+
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            State::Resident { disk: None, .. } => "resident-dirty",
+            State::Resident { disk: Some(_), .. } => "resident-clean",
+            State::Spilling { .. } => "spilling",
+            State::OnDisk { .. } => "on-disk",
+            State::Unspilling { .. } => "unspilling",
+        }
+    }
+}
+
+pub(crate) struct Node<K, V> {
+    pub key: K,
+    pub state: State<V>,
+    pub weight: usize,
+    /// Unique per insert across the buffer; IO results and pins carry it so
+    /// that they never act on a newer value of the same key.
+    pub version: u64,
+    pub pins: u32,
+    /// The host consumed it: when the last pin goes, it is first in line.
+    pub consumed: bool,
+    tick: u64,
+    prev: u32,
+    next: u32,
+    list: Option<ListKind>,
+}
+
+impl<K, V> Node<K, V> {
+    pub(crate) fn new(key: K, state: State<V>, weight: usize, version: u64) -> Self {
+        Node {
+            key,
+            state,
+            weight,
+            version,
+            pins: 0,
+            consumed: false,
+            tick: 0,
+            prev: NIL,
+            next: NIL,
+            list: None,
+        }
+    }
+
+    /// The list this entry belongs in when unpinned and resident.
+    pub(crate) fn wanted_list(&self) -> Option<ListKind> {
+        match &self.state {
+            State::Resident { disk: Some(_), .. } if self.pins == 0 => Some(ListKind::Clean),
+            State::Resident { disk: None, .. } if self.pins == 0 => Some(ListKind::Dirty),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct List {
+    head: u32, // most recently used
+    tail: u32, // least recently used
+}
+
+pub(crate) struct Core<K, V> {
+    map: HashMap<K, u32>,
+    slab: Vec<Option<Node<K, V>>>,
+    free: Vec<u32>,
+    lists: [List; 2],
+}
+
+impl<K: Hash + Eq + Clone, V> Core<K, V> {
+    pub(crate) fn new() -> Self {
+        Core {
+            map: HashMap::new(),
+            slab: Vec::new(),
+            free: Vec::new(),
+            lists: [List {
+                head: NIL,
+                tail: NIL,
+            }; 2],
+        }
+    }
+
+    pub(crate) fn find(&self, key: &K) -> Option<u32> {
+        self.map.get(key).copied()
+    }
+
+    pub(crate) fn contains(&self, key: &K) -> bool {
+        self.map.contains_key(key)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub(crate) fn node(&self, idx: u32) -> &Node<K, V> {
+        self.slab[idx as usize].as_ref().expect("live slot")
+    }
+
+    pub(crate) fn node_mut(&mut self, idx: u32) -> &mut Node<K, V> {
+        self.slab[idx as usize].as_mut().expect("live slot")
+    }
+
+    /// The node at `idx` if it still holds `version`.
+    pub(crate) fn get_version(&mut self, idx: u32, version: u64) -> Option<&mut Node<K, V>> {
+        self.slab
+            .get_mut(idx as usize)?
+            .as_mut()
+            .filter(|n| n.version == version)
+    }
+
+    /// The slot of `key` if it holds `version`.
+    pub(crate) fn find_version(&self, key: &K, version: u64) -> Option<u32> {
+        self.find(key).filter(|&i| self.node(i).version == version)
+    }
+
+    /// Add a node for a key that is not present. Returns its slot.
+    pub(crate) fn insert(&mut self, node: Node<K, V>) -> u32 {
+        let key = node.key.clone();
+        let idx = match self.free.pop() {
+            Some(i) => {
+                self.slab[i as usize] = Some(node);
+                i
+            }
+            None => {
+                self.slab.push(Some(node));
+                (self.slab.len() - 1) as u32
+            }
+        };
+        let old = self.map.insert(key, idx);
+        debug_assert!(old.is_none(), "insert of a present key");
+        idx
+    }
+
+    /// Take a node out entirely.
+    pub(crate) fn remove(&mut self, idx: u32) -> Node<K, V> {
+        self.unlink(idx);
+        let node = self.slab[idx as usize].take().expect("live slot");
+        self.map.remove(&node.key);
+        self.free.push(idx);
+        node
+    }
+
+    /// Make `idx` the most recently used entry of `kind`.
+    pub(crate) fn link_front(&mut self, idx: u32, kind: ListKind, tick: u64) {
+        self.unlink(idx);
+        let k = kind as usize;
+        let old_head = self.lists[k].head;
+        {
+            let n = self.node_mut(idx);
+            n.tick = tick;
+            n.prev = NIL;
+            n.next = old_head;
+            n.list = Some(kind);
+        }
+        if old_head != NIL {
+            self.node_mut(old_head).prev = idx;
+        } else {
+            self.lists[k].tail = idx;
+        }
+        self.lists[k].head = idx;
+    }
+
+    /// Make `idx` the first entry of `kind` to be evicted. Its tick is 0, so
+    /// it also comes before every other shard's entries.
+    pub(crate) fn link_back(&mut self, idx: u32, kind: ListKind) {
+        self.unlink(idx);
+        let k = kind as usize;
+        let old_tail = self.lists[k].tail;
+        {
+            let n = self.node_mut(idx);
+            n.tick = 0;
+            n.next = NIL;
+            n.prev = old_tail;
+            n.list = Some(kind);
+        }
+        if old_tail != NIL {
+            self.node_mut(old_tail).next = idx;
+        } else {
+            self.lists[k].head = idx;
+        }
+        self.lists[k].tail = idx;
+    }
+
+    /// Take `idx` off its list, if it is on one.
+    pub(crate) fn unlink(&mut self, idx: u32) {
+        let (kind, prev, next) = {
+            let n = self.node_mut(idx);
+            let Some(kind) = n.list.take() else { return };
+            let links = (kind, n.prev, n.next);
+            n.prev = NIL;
+            n.next = NIL;
+            links
+        };
+        let k = kind as usize;
+        if prev != NIL {
+            self.node_mut(prev).next = next;
+        } else {
+            self.lists[k].head = next;
+        }
+        if next != NIL {
+            self.node_mut(next).prev = prev;
+        } else {
+            self.lists[k].tail = prev;
+        }
+    }
+
+    /// The least recently used entry of `kind` and its tick.
+    pub(crate) fn tail(&self, kind: ListKind) -> Option<(u32, u64)> {
+        let t = self.lists[kind as usize].tail;
+        (t != NIL).then(|| (t, self.node(t).tick))
+    }
+
+    /// Tick of the tail of `kind`, or `u64::MAX` when the list is empty.
+    pub(crate) fn tail_tick(&self, kind: ListKind) -> u64 {
+        self.tail(kind).map_or(u64::MAX, |(_, t)| t)
+    }
+
+    /// Every live node.
+    pub(crate) fn nodes(&self) -> impl Iterator<Item = (u32, &Node<K, V>)> {
+        self.slab
+            .iter()
+            .enumerate()
+            .filter_map(|(i, n)| n.as_ref().map(|n| (i as u32, n)))
+    }
+
+    /// Check the lists and the map against the nodes: each list is a proper
+    /// doubly-linked chain with ticks falling from head to tail, holds
+    /// exactly the nodes that say they are on it, and each node is on the
+    /// list its state asks for.
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        for kind in [ListKind::Clean, ListKind::Dirty] {
+            let mut seen = 0usize;
+            let mut prev = NIL;
+            let mut cur = self.lists[kind as usize].head;
+            let mut last_tick = u64::MAX;
+            while cur != NIL {
+                let n = self
+                    .slab
+                    .get(cur as usize)
+                    .and_then(|n| n.as_ref())
+                    .ok_or_else(|| format!("{kind:?} list points at empty slot {cur}"))?;
+                if n.list != Some(kind) {
+                    return Err(format!("slot {cur} on {kind:?} list says {:?}", n.list));
+                }
+                if n.prev != prev {
+                    return Err(format!("slot {cur}: prev link broken"));
+                }
+                if n.tick > last_tick {
+                    return Err(format!("{kind:?} list: ticks not falling at slot {cur}"));
+                }
+                last_tick = n.tick;
+                seen += 1;
+                if seen > self.slab.len() {
+                    return Err(format!("{kind:?} list has a cycle"));
+                }
+                prev = cur;
+                cur = n.next;
+            }
+            if self.lists[kind as usize].tail != prev {
+                return Err(format!("{kind:?} list: tail is not the last node"));
+            }
+            let claimed = self.nodes().filter(|(_, n)| n.list == Some(kind)).count();
+            if claimed != seen {
+                return Err(format!("{kind:?} list: {seen} linked, {claimed} claim it"));
+            }
+        }
+        for (i, n) in self.nodes() {
+            if self.map.get(&n.key) != Some(&i) {
+                return Err(format!("slot {i} is not the map's slot for its key"));
+            }
+            if n.list != n.wanted_list() {
+                return Err(format!(
+                    "slot {i} ({}, pins {}) on list {:?}, wants {:?}",
+                    n.state.name(),
+                    n.pins,
+                    n.list,
+                    n.wanted_list()
+                ));
+            }
+        }
+        if self.map.len() != self.nodes().count() {
+            return Err("map and slab disagree on the number of keys".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resident(v: u32) -> State<u32> {
+        State::Resident {
+            value: Arc::new(v),
+            disk: None,
+        }
+    }
+
+    fn core_with(keys: &[u32]) -> Core<u32, u32> {
+        let mut c = Core::new();
+        for (t, &k) in keys.iter().enumerate() {
+            let i = c.insert(Node::new(k, resident(k), 1, k as u64));
+            c.link_front(i, ListKind::Dirty, t as u64 + 1);
+        }
+        c
+    }
+
+    fn order(c: &Core<u32, u32>, kind: ListKind) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut cur = c.lists[kind as usize].tail;
+        while cur != NIL {
+            out.push(c.node(cur).key);
+            cur = c.node(cur).prev;
+        }
+        out
+    }
+
+    #[test]
+    fn lru_order_follows_use() {
+        let mut c = core_with(&[1, 2, 3]);
+        assert_eq!(order(&c, ListKind::Dirty), vec![1, 2, 3]);
+        let i = c.find(&1).unwrap();
+        c.link_front(i, ListKind::Dirty, 10);
+        assert_eq!(order(&c, ListKind::Dirty), vec![2, 3, 1]);
+        let i = c.find(&3).unwrap();
+        c.link_back(i, ListKind::Dirty);
+        assert_eq!(order(&c, ListKind::Dirty), vec![3, 2, 1]);
+        assert_eq!(c.tail(ListKind::Dirty).map(|(i, t)| (c.node(i).key, t)), Some((3, 0)));
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn remove_unlinks_and_frees_the_slot() {
+        let mut c = core_with(&[1, 2, 3]);
+        let i = c.find(&2).unwrap();
+        let n = c.remove(i);
+        assert_eq!(n.key, 2);
+        assert_eq!(order(&c, ListKind::Dirty), vec![1, 3]);
+        assert!(!c.contains(&2));
+        let j = c.insert(Node::new(9, resident(9), 1, 99));
+        assert_eq!(j, i, "freed slot is reused");
+        c.link_front(j, ListKind::Dirty, 50);
+        c.validate().unwrap();
+        assert!(c.get_version(j, 2).is_none());
+        assert!(c.get_version(j, 99).is_some());
+    }
+
+    #[test]
+    fn validate_catches_a_node_on_the_wrong_list() {
+        let mut c = core_with(&[1]);
+        let i = c.find(&1).unwrap();
+        c.link_front(i, ListKind::Clean, 5); // dirty state on the clean list
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn pinned_nodes_belong_on_no_list() {
+        let mut c = core_with(&[1, 2]);
+        let i = c.find(&1).unwrap();
+        c.node_mut(i).pins = 1;
+        assert!(c.validate().is_err());
+        c.unlink(i);
+        c.validate().unwrap();
+        assert_eq!(order(&c, ListKind::Dirty), vec![2]);
+    }
+}

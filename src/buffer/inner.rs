@@ -1,0 +1,1070 @@
+//! The shared state behind every [`super::SpillBuffer`] handle: the sharded
+//! index, the memory gauges, eviction, and the IO jobs (spill, unspill,
+//! prefetch, compaction) that run on the pool.
+//!
+//! Lock discipline: at most one lock is held at a time (a shard's, the
+//! store's, or the memory waiters'), and only for O(1) work. Encoding, IO,
+//! dropping values and waking waiters happen after the lock is released.
+
+use super::core::{Core, ListKind, Node, State};
+use super::pinned::{PinAt, PinOwner, PinResult, Pinned, Waiter};
+use super::Key;
+use crate::codec::{self, Codec, Compression};
+use crate::error::{Error, Result};
+use crate::io::{Pool, Priority};
+use crate::metrics::{Metrics, Stats};
+use crate::store::{record, AfterRelease, DiskLoc, Store};
+use crate::value::Spill;
+use parking_lot::Mutex;
+use std::cell::RefCell;
+use std::collections::hash_map::RandomState;
+use std::collections::VecDeque;
+use std::hash::BuildHasher;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+/// One shard: its core behind a lock, and the ticks of its two list tails
+/// published for lock-free victim selection. Aligned to keep shards on
+/// separate cache lines.
+#[repr(align(128))]
+pub(crate) struct Shard<K, V> {
+    pub core: Mutex<Core<K, V>>,
+    tails: [AtomicU64; 2],
+}
+
+/// Gauges of what is in memory, kept exact under the shard locks.
+#[derive(Default)]
+pub(crate) struct Gauges {
+    /// Weight of values in memory (resident, spilling, pinned).
+    pub resident: AtomicUsize,
+    pub resident_count: AtomicUsize,
+    /// Weight of values with a write queued or running.
+    pub spilling: AtomicUsize,
+    /// Weight of values with at least one pin.
+    pub pinned: AtomicUsize,
+    /// Weight of prefetch reads in flight (memory promised to them).
+    pub reserved: AtomicUsize,
+    /// Live keys.
+    pub len: AtomicUsize,
+}
+
+pub(crate) struct Inner<K, V> {
+    pub shards: Box<[Shard<K, V>]>,
+    hasher: RandomState,
+    pub target: AtomicUsize,
+    pub limit: AtomicUsize,
+    pub limit_follows_target: bool,
+    tick: AtomicU64,
+    next_version: AtomicU64,
+    pub g: Gauges,
+    pub compression: Compression,
+    pub store: Store<K>,
+    pub pool: Pool,
+    pub metrics: Metrics,
+    /// `insert_async` callers waiting for memory, oldest first.
+    mem_waiters: Mutex<VecDeque<tokio::sync::oneshot::Sender<()>>>,
+    mem_waiting: AtomicUsize,
+    /// A disk-budget refusal was logged and no spill has succeeded since.
+    budget_logged: AtomicBool,
+    me: Weak<Inner<K, V>>,
+}
+
+/// Buffers reused by the encode/compress/read/decompress steps of one thread.
+#[derive(Default)]
+struct Scratch {
+    a: Vec<u8>,
+    b: Vec<u8>,
+}
+
+/// Scratch buffers larger than this are released after use rather than
+/// kept for the thread's life.
+const SCRATCH_KEEP: usize = 64 << 20;
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut guard) => {
+            let s = &mut *guard;
+            let r = f(s);
+            for v in [&mut s.a, &mut s.b] {
+                if v.capacity() > SCRATCH_KEEP {
+                    *v = Vec::new();
+                }
+            }
+            r
+        }
+        // Re-entered (a Spill impl using a buffer inside encode): use fresh
+        // buffers rather than fail.
+        Err(_) => f(&mut Scratch::default()),
+    })
+}
+
+fn sub(a: &AtomicUsize, n: usize) {
+    a.fetch_sub(n, Relaxed);
+}
+
+fn add(a: &AtomicUsize, n: usize) {
+    a.fetch_add(n, Relaxed);
+}
+
+/// What a lookup for a read found.
+pub(crate) enum Lookup<V> {
+    Missing,
+    Hit(Pinned<V>),
+    /// Not in memory and no waiter was given.
+    NotResident,
+    /// A read is in flight; the waiter was queued on it.
+    Joined,
+    /// The caller must run (or queue) the read at `loc`.
+    Read { version: u64, loc: DiskLoc },
+}
+
+/// Configuration the inner state is built from.
+pub(crate) struct InnerConfig<K> {
+    pub shards: usize,
+    pub target: usize,
+    pub limit: Option<usize>,
+    pub compression: Compression,
+    pub store: Store<K>,
+    pub pool: Pool,
+}
+
+impl<K: Key, V: Spill> Inner<K, V> {
+    pub(crate) fn new(cfg: InnerConfig<K>) -> Arc<Self> {
+        Arc::new_cyclic(|me| Inner {
+            shards: (0..cfg.shards)
+                .map(|_| Shard {
+                    core: Mutex::new(Core::new()),
+                    tails: [AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX)],
+                })
+                .collect(),
+            hasher: RandomState::new(),
+            target: AtomicUsize::new(cfg.target),
+            limit: AtomicUsize::new(cfg.limit.unwrap_or(cfg.target)),
+            limit_follows_target: cfg.limit.is_none(),
+            tick: AtomicU64::new(1),
+            next_version: AtomicU64::new(1),
+            g: Gauges::default(),
+            compression: cfg.compression,
+            store: cfg.store,
+            pool: cfg.pool,
+            metrics: Metrics::default(),
+            mem_waiters: Mutex::new(VecDeque::new()),
+            mem_waiting: AtomicUsize::new(0),
+            budget_logged: AtomicBool::new(false),
+            me: me.clone(),
+        })
+    }
+
+    pub(crate) fn shard_of(&self, key: &K) -> usize {
+        // The high bits: the map inside the shard uses the low ones.
+        ((self.hasher.hash_one(key) >> 40) as usize) % self.shards.len()
+    }
+
+    fn next_tick(&self) -> u64 {
+        self.tick.fetch_add(1, Relaxed)
+    }
+
+    pub(crate) fn target(&self) -> usize {
+        self.target.load(Relaxed)
+    }
+
+    /// Run `f` on shard `s` under its lock, then publish its list tails.
+    pub(crate) fn with_shard<R>(&self, s: usize, f: impl FnOnce(&mut Core<K, V>) -> R) -> R {
+        let shard = &self.shards[s];
+        let mut core = shard.core.lock();
+        let r = f(&mut core);
+        shard.tails[0].store(core.tail_tick(ListKind::Clean), Relaxed);
+        shard.tails[1].store(core.tail_tick(ListKind::Dirty), Relaxed);
+        r
+    }
+
+    fn owner(&self) -> Arc<dyn PinOwner> {
+        self.me.upgrade().expect("inner is alive while used")
+    }
+
+    fn pin_handle(&self, s: usize, idx: u32, version: u64, value: Arc<V>) -> Pinned<V> {
+        Pinned::new(
+            value,
+            self.owner(),
+            PinAt {
+                shard: s as u32,
+                slot: idx,
+                version,
+            },
+        )
+    }
+
+    /// Queue `f` on the pool with a strong handle on `self`.
+    fn submit(&self, prio: Priority, f: impl FnOnce(&Inner<K, V>) + Send + 'static) {
+        if let Some(me) = self.me.upgrade() {
+            self.pool.submit(prio, Box::new(move || f(&me)));
+        }
+    }
+
+    /// Bytes above the target held by unpinned values that no write is
+    /// already taking away. Pinned values are the host's working set: they
+    /// count against `memory_limit`, not against the eviction target.
+    fn over_target(&self) -> usize {
+        let r = self.g.resident.load(Relaxed);
+        let held = self.g.pinned.load(Relaxed) + self.g.spilling.load(Relaxed);
+        r.saturating_sub(held).saturating_sub(self.target())
+    }
+
+    // ----- pins -------------------------------------------------------
+
+    /// Add a pin to an in-memory node (under its shard lock).
+    fn pin_node(&self, core: &mut Core<K, V>, idx: u32) {
+        let n = core.node_mut(idx);
+        n.pins += 1;
+        n.consumed = false;
+        if n.pins == 1 {
+            add(&self.g.pinned, n.weight);
+        }
+        core.unlink(idx);
+    }
+
+    /// Find `key` for a read. With a waiter, a value on disk gets a read
+    /// started or joined; without one, only a memory hit pins.
+    pub(crate) fn lookup(&self, key: &K, waiter: Option<Waiter<V>>) -> Lookup<V> {
+        let s = self.shard_of(key);
+        let hit = self.with_shard(s, |core| {
+            let Some(idx) = core.find(key) else {
+                return Err(Lookup::Missing);
+            };
+            let n = core.node_mut(idx);
+            let version = n.version;
+            match &mut n.state {
+                State::Resident { value, .. } | State::Spilling { value } => {
+                    let v = Arc::clone(value);
+                    self.pin_node(core, idx);
+                    Ok((idx, version, v))
+                }
+                State::Unspilling { waiters, .. } => match waiter {
+                    Some(w) => {
+                        waiters.push(w);
+                        Err(Lookup::Joined)
+                    }
+                    None => Err(Lookup::NotResident),
+                },
+                State::OnDisk { loc } => match waiter {
+                    Some(w) => {
+                        let loc = *loc;
+                        n.state = State::Unspilling {
+                            loc,
+                            waiters: vec![w],
+                            prefetch: false,
+                        };
+                        Err(Lookup::Read { version, loc })
+                    }
+                    None => Err(Lookup::NotResident),
+                },
+            }
+        });
+        match hit {
+            Ok((idx, version, v)) => Lookup::Hit(self.pin_handle(s, idx, version, v)),
+            Err(l) => l,
+        }
+    }
+
+    // ----- insert / remove ------------------------------------------
+
+    pub(crate) fn insert(&self, key: K, value: V) {
+        let weight = value.weight();
+        let value = Arc::new(value);
+        let version = self.next_version.fetch_add(1, Relaxed);
+        let oversized = weight > self.target();
+        let s = self.shard_of(&key);
+        let job_key = oversized.then(|| key.clone());
+        let (old, served, idx) = self.with_shard(s, |core| {
+            let old = core.find(&key).map(|i| self.detach(core, i));
+            let state = if oversized {
+                State::Spilling {
+                    value: Arc::clone(&value),
+                }
+            } else {
+                State::Resident {
+                    value: Arc::clone(&value),
+                    disk: None,
+                }
+            };
+            let idx = core.insert(Node::new(key, state, weight, version));
+            add(&self.g.resident, weight);
+            add(&self.g.resident_count, 1);
+            if oversized {
+                add(&self.g.spilling, weight);
+            } else {
+                core.link_front(idx, ListKind::Dirty, self.next_tick());
+            }
+            // Readers waiting on the old value's disk read get the new one.
+            let mut served = Vec::new();
+            let mut old = old;
+            if let Some(State::Unspilling { waiters, .. }) = old.as_mut().map(|n| &mut n.state) {
+                served = std::mem::take(waiters);
+                for _ in 0..served.len() {
+                    self.pin_node(core, idx);
+                }
+            }
+            (old, served, idx)
+        });
+        if old.is_none() {
+            add(&self.g.len, 1);
+        }
+        for w in served {
+            w.send(Ok(Some(self.pin_handle(s, idx, version, Arc::clone(&value)))));
+        }
+        if let Some(key) = job_key {
+            self.submit(Priority::Spill, move |me| me.spill(key, version, value));
+        } else {
+            drop(value);
+        }
+        if let Some(old) = old {
+            self.dispose(old);
+        }
+        self.evict_to_target();
+    }
+
+    /// Take node `idx` out of the index, adjusting the gauges (under lock).
+    fn detach(&self, core: &mut Core<K, V>, idx: u32) -> Node<K, V> {
+        let n = core.remove(idx);
+        match &n.state {
+            State::Resident { .. } | State::Spilling { .. } => {
+                sub(&self.g.resident, n.weight);
+                sub(&self.g.resident_count, 1);
+                if n.pins > 0 {
+                    sub(&self.g.pinned, n.weight);
+                }
+                if matches!(n.state, State::Spilling { .. }) {
+                    sub(&self.g.spilling, n.weight);
+                }
+            }
+            State::Unspilling { prefetch: true, .. } => sub(&self.g.reserved, n.weight),
+            _ => {}
+        }
+        n
+    }
+
+    /// Finish off a detached node outside the lock: free its disk record,
+    /// tell its waiters it is gone, drop its value.
+    fn dispose(&self, node: Node<K, V>) {
+        if let Some(loc) = node.state.disk() {
+            self.release(loc);
+        }
+        if let State::Unspilling { waiters, .. } = node.state {
+            for w in waiters {
+                w.send(Ok(None));
+            }
+        }
+    }
+
+    pub(crate) fn remove(&self, key: &K) -> bool {
+        let s = self.shard_of(key);
+        let node = self.with_shard(s, |core| core.find(key).map(|i| self.detach(core, i)));
+        match node {
+            Some(node) => {
+                sub(&self.g.len, 1);
+                self.dispose(node);
+                self.wake_mem_waiters();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A disk record is dead: account for it, and queue whatever the store
+    /// asks for (deleting an empty segment, compacting a sparse one).
+    fn release(&self, loc: DiskLoc) {
+        match self.store.release(loc) {
+            AfterRelease::Nothing => {}
+            AfterRelease::Delete(dead) => {
+                self.submit(Priority::Background, move |me| me.store.delete(dead))
+            }
+            AfterRelease::Compact(seg) => {
+                self.submit(Priority::Background, move |me| me.compact(seg))
+            }
+        }
+    }
+
+    // ----- eviction ---------------------------------------------------
+
+    /// Evict until unpinned resident bytes are within the target.
+    pub(crate) fn evict_to_target(&self) {
+        while self.over_target() > 0 {
+            if self.evict_one().is_none() {
+                break;
+            }
+        }
+        self.wake_mem_waiters();
+    }
+
+    /// Evict at least `bytes` now, whatever the target. Returns the weight
+    /// of the values dropped or queued for writing.
+    pub(crate) fn evict_bytes(&self, bytes: usize) -> usize {
+        let mut done = 0;
+        while done < bytes {
+            match self.evict_one() {
+                Some(w) => done += w,
+                None => break,
+            }
+        }
+        self.wake_mem_waiters();
+        done
+    }
+
+    /// Evict the least recently used unpinned entry, clean ones first:
+    /// drop it if clean, queue its write if dirty. Returns its weight, or
+    /// `None` when nothing is evictable.
+    fn evict_one(&self) -> Option<usize> {
+        for kind in [ListKind::Clean, ListKind::Dirty] {
+            let k = kind as usize;
+            for attempt in 0.. {
+                // The global LRU entry is the oldest of the shards' tails.
+                let (tick, s) = self
+                    .shards
+                    .iter()
+                    .enumerate()
+                    .map(|(i, sh)| (sh.tails[k].load(Relaxed), i))
+                    .min()
+                    .expect("at least one shard");
+                if tick == u64::MAX {
+                    break;
+                }
+                // Another thread may have moved that tail meanwhile; retry a
+                // few times, then take what the shard has.
+                if let Some(w) = self.evict_tail(s, kind, (attempt < 8).then_some(tick)) {
+                    return Some(w);
+                }
+            }
+        }
+        None
+    }
+
+    fn evict_tail(&self, s: usize, kind: ListKind, expect_tick: Option<u64>) -> Option<usize> {
+        let taken = self.with_shard(s, |core| {
+            let (idx, tick) = core.tail(kind)?;
+            if expect_tick.is_some_and(|t| t != tick) {
+                return None;
+            }
+            core.unlink(idx);
+            let n = core.node_mut(idx);
+            let w = n.weight;
+            match std::mem::replace(&mut n.state, State::OnDisk { loc: NO_LOC }) {
+                State::Resident {
+                    value,
+                    disk: Some(loc),
+                } => {
+                    n.state = State::OnDisk { loc };
+                    sub(&self.g.resident, w);
+                    sub(&self.g.resident_count, 1);
+                    Some((w, Err(value)))
+                }
+                State::Resident { value, disk: None } => {
+                    n.state = State::Spilling {
+                        value: Arc::clone(&value),
+                    };
+                    add(&self.g.spilling, w);
+                    Some((w, Ok((n.key.clone(), n.version, value))))
+                }
+                other => {
+                    // Lists hold only resident entries; validate() checks it.
+                    n.state = other;
+                    None
+                }
+            }
+        })?;
+        match taken {
+            (w, Err(clean_value)) => {
+                Metrics::add(&self.metrics.clean_evictions, 1);
+                drop(clean_value);
+                Some(w)
+            }
+            (w, Ok((key, version, value))) => {
+                self.submit(Priority::Spill, move |me| me.spill(key, version, value));
+                Some(w)
+            }
+        }
+    }
+
+    pub(crate) fn set_target(&self, bytes: usize) {
+        self.target.store(bytes, Relaxed);
+        if self.limit_follows_target {
+            self.limit.store(bytes, Relaxed);
+        } else {
+            self.limit.fetch_max(bytes, Relaxed);
+        }
+        self.evict_to_target();
+    }
+
+    // ----- back-pressure ----------------------------------------------
+
+    fn under_limit(&self) -> bool {
+        self.g.resident.load(Relaxed) <= self.limit.load(Relaxed)
+    }
+
+    /// Resolves once memory is within the limit. Waiters are served in
+    /// arrival order; a newcomer does not overtake a queue.
+    pub(crate) async fn wait_for_memory(&self) {
+        let rx = {
+            let mut q = self.mem_waiters.lock();
+            if q.is_empty() && (self.under_limit() || self.stalled()) {
+                return;
+            }
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            q.push_back(tx);
+            self.mem_waiting.store(q.len(), SeqCst);
+            rx
+        };
+        // Memory may have dropped before the waiter was queued.
+        self.wake_mem_waiters();
+        let _ = rx.await;
+    }
+
+    /// No write is in flight and nothing more can be evicted: memory will
+    /// not fall without the host acting (unpinning, removing), so waiting
+    /// on it would never end. Back-pressure is released instead.
+    fn stalled(&self) -> bool {
+        self.g.spilling.load(Relaxed) == 0 && self.over_target() == 0
+    }
+
+    fn wake_mem_waiters(&self) {
+        if self.mem_waiting.load(SeqCst) == 0 {
+            return;
+        }
+        let ready = {
+            let mut q = self.mem_waiters.lock();
+            if q.is_empty() || !(self.under_limit() || self.stalled()) {
+                return;
+            }
+            self.mem_waiting.store(0, SeqCst);
+            std::mem::take(&mut *q)
+        };
+        for tx in ready {
+            let _ = tx.send(());
+        }
+    }
+
+    // ----- spill --------------------------------------------------------
+
+    /// Write one value out. Runs on the pool.
+    fn spill(&self, key: K, version: u64, value: Arc<V>) {
+        let s = self.shard_of(&key);
+        // Removed or replaced since it was queued: nothing to do.
+        if self
+            .with_shard(s, |core| core.find_version(&key, version))
+            .is_none()
+        {
+            return;
+        }
+        let start = Instant::now();
+        let res = self.write_value(&key, &value);
+        Metrics::add_time(&self.metrics.spill_nanos, start.elapsed());
+        drop(value);
+        match res {
+            Ok(loc) => self.spill_done(s, key, version, loc),
+            Err(e) => self.spill_failed(s, &key, version, e),
+        }
+    }
+
+    fn write_value(&self, key: &K, value: &V) -> Result<DiskLoc> {
+        // Budget already spent: do not even encode.
+        self.store.check_budget(record::HEADER as u64)?;
+        with_scratch(|sc| {
+            let buf = &mut sc.a;
+            buf.clear();
+            buf.resize(record::HEADER, 0);
+            match catch_unwind(AssertUnwindSafe(|| value.encode(buf))) {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    return Err(Error::Encode {
+                        key: format!("{key:?}"),
+                        source: e.into(),
+                    })
+                }
+                Err(_) => {
+                    return Err(Error::Encode {
+                        key: format!("{key:?}"),
+                        source: Arc::from(Box::<dyn std::error::Error + Send + Sync>::from(
+                            "encode panicked",
+                        )),
+                    })
+                }
+            }
+            let raw_len = (buf.len() - record::HEADER) as u64;
+            let compressed = match self.compression {
+                Compression::Lz4 => {
+                    codec::compress_into(&buf[record::HEADER..], &mut sc.b, record::HEADER)
+                }
+                Compression::None => None,
+            };
+            let rec: &[u8] = match compressed {
+                Some(n) => {
+                    let rec = &mut sc.b[..record::HEADER + n];
+                    record::seal(rec, Codec::Lz4, raw_len);
+                    rec
+                }
+                None => {
+                    record::seal(buf, Codec::Raw, raw_len);
+                    buf
+                }
+            };
+            self.store.write(key, rec)
+        })
+    }
+
+    fn spill_done(&self, s: usize, key: K, version: u64, loc: DiskLoc) {
+        Metrics::add(&self.metrics.spill_count, 1);
+        Metrics::add(&self.metrics.spilled_bytes, loc.len);
+        self.budget_logged.store(false, Relaxed);
+        let outcome = self.with_shard(s, |core| {
+            let idx = core.find_version(&key, version)?;
+            let n = core.node_mut(idx);
+            let State::Spilling { value } = std::mem::replace(&mut n.state, State::OnDisk { loc })
+            else {
+                unreachable!("only spill jobs move an entry out of Spilling")
+            };
+            sub(&self.g.spilling, n.weight);
+            if n.pins == 0 {
+                sub(&self.g.resident, n.weight);
+                sub(&self.g.resident_count, 1);
+                Some(Ok(value))
+            } else {
+                // Pinned while it was being written: it stays in memory, now
+                // clean; when unpinned it can be dropped without a write.
+                n.state = State::Resident {
+                    value,
+                    disk: Some(loc),
+                };
+                Some(Err(()))
+            }
+        });
+        match outcome {
+            None => self.release(loc), // removed or replaced meanwhile
+            Some(Ok(freed)) => {
+                drop(freed);
+                self.wake_mem_waiters();
+            }
+            Some(Err(())) => self.evict_to_target(),
+        }
+    }
+
+    fn spill_failed(&self, s: usize, key: &K, version: u64, err: Error) {
+        Metrics::add(&self.metrics.spill_errors, 1);
+        let budget = matches!(err, Error::DiskBudget { .. });
+        if budget {
+            Metrics::add(&self.metrics.budget_refusals, 1);
+            if !self.budget_logged.swap(true, Relaxed) {
+                tracing::warn!(key = ?key, error = %err, "disk budget reached; values stay in memory");
+            }
+        } else {
+            tracing::warn!(key = ?key, error = %err, "spill failed; the value stays in memory");
+        }
+        let tick = self.next_tick();
+        self.with_shard(s, |core| {
+            let Some(idx) = core.find_version(key, version) else {
+                return;
+            };
+            let n = core.node_mut(idx);
+            let State::Spilling { value } = std::mem::replace(&mut n.state, State::OnDisk { loc: NO_LOC })
+            else {
+                unreachable!("only spill jobs move an entry out of Spilling")
+            };
+            n.state = State::Resident { value, disk: None };
+            sub(&self.g.spilling, n.weight);
+            // Most recently used: the next eviction tries another value
+            // rather than this one again.
+            if n.pins == 0 {
+                core.link_front(idx, ListKind::Dirty, tick);
+            }
+        });
+        self.wake_mem_waiters();
+    }
+
+    // ----- unspill ------------------------------------------------------
+
+    /// Read `key`'s record back and hand the value to its waiters. Runs on
+    /// the pool, or on the caller's thread for a blocking `get`.
+    pub(crate) fn unspill(&self, key: K, version: u64, loc: DiskLoc) {
+        let start = Instant::now();
+        let res = self.read_value(&key, loc).map(Arc::new);
+        Metrics::add_time(&self.metrics.unspill_nanos, start.elapsed());
+        if res.is_ok() {
+            Metrics::add(&self.metrics.unspill_count, 1);
+            Metrics::add(&self.metrics.unspilled_bytes, loc.len);
+        }
+        self.unspill_done(key, version, loc, res);
+    }
+
+    fn read_value(&self, key: &K, loc: DiskLoc) -> Result<V> {
+        with_scratch(|sc| {
+            let path = self.store.read(loc, &mut sc.a)?;
+            let corrupt = |detail: String| Error::Corrupt {
+                key: format!("{key:?}"),
+                path: path.clone(),
+                detail,
+            };
+            let rec = record::open(&sc.a).map_err(corrupt)?;
+            let bytes: &[u8] = match rec.codec {
+                Codec::Raw => rec.payload,
+                Codec::Lz4 => {
+                    let raw_len = usize::try_from(rec.raw_len)
+                        .map_err(|_| corrupt("record too large for this machine".into()))?;
+                    codec::decompress_into(rec.payload, raw_len, &mut sc.b).map_err(corrupt)?;
+                    &sc.b
+                }
+            };
+            match catch_unwind(AssertUnwindSafe(|| V::decode(bytes))) {
+                Ok(Ok(v)) => Ok(v),
+                Ok(Err(e)) => Err(corrupt(format!("decode failed: {e}"))),
+                Err(_) => Err(corrupt("decode panicked".into())),
+            }
+        })
+    }
+
+    fn unspill_done(&self, key: K, version: u64, loc: DiskLoc, res: Result<Arc<V>>) {
+        let s = self.shard_of(&key);
+        let target = self.target();
+        let tick = self.next_tick();
+        let mut waiters = Vec::new();
+        let mut idx_out = 0;
+        let res = self.with_shard(s, |core| {
+            // Removed or replaced meanwhile: its waiters were answered then.
+            let Some(idx) = core.find_version(&key, version) else {
+                return res;
+            };
+            idx_out = idx;
+            let n = core.node_mut(idx);
+            let State::Unspilling {
+                waiters: w,
+                prefetch,
+                ..
+            } = std::mem::replace(&mut n.state, State::OnDisk { loc })
+            else {
+                unreachable!("only the reader moves an entry out of Unspilling")
+            };
+            if prefetch {
+                sub(&self.g.reserved, n.weight);
+            }
+            waiters = w;
+            let value = match &res {
+                Ok(v) => Arc::clone(v),
+                Err(_) => return res,
+            };
+            // A value heavier than the target is not kept beyond its pins.
+            if waiters.is_empty() && n.weight > target {
+                return res;
+            }
+            n.state = State::Resident {
+                value,
+                disk: Some(loc),
+            };
+            add(&self.g.resident, n.weight);
+            add(&self.g.resident_count, 1);
+            if waiters.is_empty() {
+                core.link_front(idx, ListKind::Clean, tick);
+            } else {
+                for _ in 0..waiters.len() {
+                    self.pin_node(core, idx);
+                }
+            }
+            res
+        });
+        match res {
+            Ok(value) => {
+                for w in waiters {
+                    w.send(Ok(Some(self.pin_handle(s, idx_out, version, Arc::clone(&value)))));
+                }
+                drop(value);
+                self.evict_to_target();
+            }
+            Err(e) => {
+                tracing::warn!(key = ?key, error = %e, "reading a spilled value failed");
+                for w in waiters {
+                    w.send(Err(e.clone()));
+                }
+                self.wake_mem_waiters();
+            }
+        }
+    }
+
+    /// Read `key` back ahead of use if it is on disk and fits within the
+    /// target next to what is already resident. Runs on the pool.
+    pub(crate) fn prefetch_one(&self, key: K) {
+        let s = self.shard_of(&key);
+        let target = self.target();
+        let start = self.with_shard(s, |core| {
+            let idx = core.find(&key)?;
+            let n = core.node_mut(idx);
+            let State::OnDisk { loc } = n.state else {
+                return None;
+            };
+            let w = n.weight;
+            // Promise the memory first, so concurrent prefetches cannot
+            // together pass the target.
+            let unpinned = self
+                .g
+                .resident
+                .load(Relaxed)
+                .saturating_sub(self.g.pinned.load(Relaxed));
+            self.g
+                .reserved
+                .fetch_update(Relaxed, Relaxed, |r| {
+                    (unpinned + r + w <= target).then_some(r + w)
+                })
+                .ok()?;
+            n.state = State::Unspilling {
+                loc,
+                waiters: Vec::new(),
+                prefetch: true,
+            };
+            Some((n.version, loc))
+        });
+        if let Some((version, loc)) = start {
+            self.unspill(key, version, loc);
+        }
+    }
+
+    pub(crate) fn start_read(&self, key: K, version: u64, loc: DiskLoc) {
+        self.submit(Priority::Demand, move |me| me.unspill(key, version, loc));
+    }
+
+    pub(crate) fn queue_prefetch(&self, key: K) {
+        self.submit(Priority::Background, move |me| me.prefetch_one(key));
+    }
+
+    // ----- compaction ---------------------------------------------------
+
+    /// Rewrite the live records of sparse segment `seg` elsewhere, then
+    /// point their entries at the copies. Readers keep using the old copy
+    /// until the switch, and the old file stays open until they are done.
+    fn compact(&self, seg: u32) {
+        let mut retry = false;
+        for (old, key) in self.store.live_records(seg) {
+            let copy = with_scratch(|sc| {
+                self.store.read(old, &mut sc.a)?;
+                self.store.write(&key, &sc.a)
+            });
+            let new = match copy {
+                Ok(new) => new,
+                Err(e) => {
+                    tracing::warn!(segment = seg, error = %e, "compaction stopped");
+                    break;
+                }
+            };
+            let s = self.shard_of(&key);
+            let moved = self.with_shard(s, |core| {
+                let idx = core.find(&key)?;
+                match &mut core.node_mut(idx).state {
+                    State::Resident { disk: Some(l), .. } | State::OnDisk { loc: l } if *l == old => {
+                        *l = new;
+                        Some(true)
+                    }
+                    // A read of the old copy is in flight; try again later.
+                    State::Unspilling { loc, .. } if *loc == old => Some(false),
+                    _ => None,
+                }
+            });
+            match moved {
+                Some(true) => {
+                    Metrics::add(&self.metrics.compacted, 1);
+                    self.release(old);
+                }
+                Some(false) => {
+                    retry = true;
+                    self.release(new);
+                }
+                None => self.release(new),
+            }
+        }
+        self.store.compaction_done(seg);
+        if retry {
+            self.submit(Priority::Background, move |me| me.compact(seg));
+        }
+    }
+
+    // ----- introspection ------------------------------------------------
+
+    pub(crate) fn stats(&self) -> Stats {
+        let mut st = Stats {
+            memory_bytes: self.g.resident.load(Relaxed) as u64,
+            memory_count: self.g.resident_count.load(Relaxed) as u64,
+            spilling_bytes: self.g.spilling.load(Relaxed) as u64,
+            disk_bytes: self.store.disk_bytes(),
+            disk_count: self.store.disk_count(),
+            file_bytes: self.store.file_bytes(),
+            ..Stats::default()
+        };
+        self.metrics.fill(&mut st);
+        st
+    }
+
+    /// Check every invariant that holds when no IO is in flight: waits for
+    /// the pool to go idle first. The caller must not run other operations
+    /// meanwhile.
+    pub(crate) fn validate(&self) -> std::result::Result<(), String> {
+        self.pool.wait_idle_blocking();
+        let (mut resident, mut count, mut spilling, mut pinned, mut reserved, mut len) =
+            (0, 0, 0, 0, 0, 0);
+        let mut disk_records = 0u64;
+        let mut disk_sum = 0u64;
+        for (s, shard) in self.shards.iter().enumerate() {
+            let core = shard.core.lock();
+            core.validate().map_err(|e| format!("shard {s}: {e}"))?;
+            for kind in [ListKind::Clean, ListKind::Dirty] {
+                let published = shard.tails[kind as usize].load(Relaxed);
+                if published != core.tail_tick(kind) {
+                    return Err(format!("shard {s}: stale published tail for {kind:?}"));
+                }
+            }
+            len += core.len();
+            for (i, n) in core.nodes() {
+                if self.shard_of(&n.key) != s {
+                    return Err(format!("key {:?} is in the wrong shard", n.key));
+                }
+                let in_memory = n.state.value().is_some();
+                if n.pins > 0 && !in_memory {
+                    return Err(format!("slot {i}: pinned but {}", n.state.name()));
+                }
+                if in_memory {
+                    resident += n.weight;
+                    count += 1;
+                    if n.pins > 0 {
+                        pinned += n.weight;
+                    }
+                }
+                match &n.state {
+                    State::Spilling { .. } => spilling += n.weight,
+                    State::Unspilling { prefetch, .. } => {
+                        return Err(format!(
+                            "key {:?} still unspilling (prefetch {prefetch}) with the pool idle",
+                            n.key
+                        ))
+                    }
+                    _ => {}
+                }
+                if let State::Unspilling { prefetch: true, .. } = n.state {
+                    reserved += n.weight;
+                }
+                if let Some(loc) = n.state.disk() {
+                    disk_records += 1;
+                    disk_sum += loc.len;
+                }
+            }
+        }
+        let g = &self.g;
+        let checks = [
+            ("resident", resident, g.resident.load(Relaxed)),
+            ("resident_count", count, g.resident_count.load(Relaxed)),
+            ("spilling", spilling, g.spilling.load(Relaxed)),
+            ("pinned", pinned, g.pinned.load(Relaxed)),
+            ("reserved", reserved, g.reserved.load(Relaxed)),
+            ("len", len, g.len.load(Relaxed)),
+        ];
+        for (name, counted, gauge) in checks {
+            if counted != gauge {
+                return Err(format!("gauge {name} is {gauge}, entries add up to {counted}"));
+            }
+        }
+        if spilling != 0 {
+            return Err(format!("{spilling} bytes still spilling with the pool idle"));
+        }
+        self.store.validate()?;
+        if disk_records != self.store.disk_count() || disk_sum != self.store.disk_bytes() {
+            return Err(format!(
+                "entries own {disk_records} records / {disk_sum} bytes, store has {} / {}",
+                self.store.disk_count(),
+                self.store.disk_bytes()
+            ));
+        }
+        let failed = self.metrics.spill_errors.load(Relaxed) > 0;
+        if !failed && self.over_target() > 0 {
+            return Err(format!(
+                "unpinned resident bytes {} pass the target {}",
+                resident - pinned,
+                self.target()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Placeholder location used only while a state is being swapped out.
+const NO_LOC: DiskLoc = DiskLoc {
+    seg: u32::MAX,
+    offset: 0,
+    len: 0,
+};
+
+impl<K: Key, V: Spill> PinOwner for Inner<K, V> {
+    fn repin(&self, at: PinAt) {
+        self.with_shard(at.shard as usize, |core| {
+            if let Some(n) = core.get_version(at.slot, at.version) {
+                if n.pins > 0 {
+                    n.pins += 1;
+                }
+            }
+        });
+    }
+
+    fn unpin(&self, at: PinAt, consume: bool) {
+        let target = self.target();
+        let tick = self.next_tick();
+        let freed = self.with_shard(at.shard as usize, |core| {
+            let n = core.get_version(at.slot, at.version)?;
+            if n.pins == 0 {
+                return None;
+            }
+            n.pins -= 1;
+            n.consumed |= consume;
+            if n.pins > 0 {
+                return None;
+            }
+            sub(&self.g.pinned, n.weight);
+            let free_now = n.consumed || n.weight > target;
+            match &n.state {
+                State::Resident {
+                    disk: Some(loc), ..
+                } if free_now => {
+                    // Done with, and a valid disk copy exists: free it now.
+                    let loc = *loc;
+                    let State::Resident { value, .. } =
+                        std::mem::replace(&mut n.state, State::OnDisk { loc })
+                    else {
+                        unreachable!()
+                    };
+                    sub(&self.g.resident, n.weight);
+                    sub(&self.g.resident_count, 1);
+                    Some(value)
+                }
+                State::Resident { disk, .. } => {
+                    let kind = if disk.is_some() {
+                        ListKind::Clean
+                    } else {
+                        ListKind::Dirty
+                    };
+                    if n.consumed {
+                        core.link_back(at.slot, kind);
+                    } else {
+                        core.link_front(at.slot, kind, tick);
+                    }
+                    None
+                }
+                _ => None,
+            }
+        });
+        if let Some(value) = freed {
+            Metrics::add(&self.metrics.clean_evictions, 1);
+            drop(value);
+        }
+        self.evict_to_target();
+    }
+}
+
+/// Outcome of waiting on a read, for the blocking and async paths alike.
+pub(crate) fn closed<V>() -> PinResult<V> {
+    Err(Error::Closed)
+}

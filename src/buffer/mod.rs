@@ -1,0 +1,280 @@
+//! The public [`SpillBuffer`]: a thin handle over the shared state in
+//! [`inner`], which holds the sharded index ([`core`]) and drives the IO
+//! pool. [`Pinned`] guards live in [`pinned`].
+
+pub(crate) mod core;
+pub(crate) mod inner;
+pub(crate) mod pinned;
+
+use crate::config::Builder;
+use crate::error::{Error, Result};
+use crate::io::Pool;
+use crate::metrics::Stats;
+use crate::store::dirs::{sweep_stale, SpillDirs};
+use crate::store::{Store, StoreConfig};
+use crate::value::Spill;
+use inner::{Inner, InnerConfig, Lookup};
+use parking_lot::Mutex;
+pub use pinned::Pinned;
+use pinned::Waiter;
+use std::fmt::{self, Debug};
+use std::hash::Hash;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// What a key must be: hashable, comparable, cheap enough to clone (IO jobs
+/// carry a copy), printable for error messages, and shareable.
+pub trait Key: Hash + Eq + Clone + Debug + Send + Sync + 'static {}
+impl<T: Hash + Eq + Clone + Debug + Send + Sync + 'static> Key for T {}
+
+/// Keyed values in memory under a byte target, the least recently used
+/// spilled to local disk on a dedicated IO pool.
+///
+/// A `SpillBuffer` is a cheap, cloneable handle; all clones share one
+/// buffer. Dropping the last handle stops the IO threads and deletes the
+/// spill directory. See the crate docs for an example.
+pub struct SpillBuffer<K, V> {
+    handle: Arc<Handle<K, V>>,
+}
+
+impl<K, V> Clone for SpillBuffer<K, V> {
+    fn clone(&self) -> Self {
+        SpillBuffer {
+            handle: Arc::clone(&self.handle),
+        }
+    }
+}
+
+/// Owned by the handles only (not by IO jobs or pins), so that its drop
+/// marks the moment the last handle goes.
+struct Handle<K, V> {
+    inner: Arc<Inner<K, V>>,
+    dirs: Mutex<Option<SpillDirs>>,
+}
+
+impl<K, V> Drop for Handle<K, V> {
+    fn drop(&mut self) {
+        self.inner.pool.shutdown();
+        // Pins may outlive the buffer; their values are in memory, so the
+        // files can go.
+        drop(self.dirs.lock().take());
+    }
+}
+
+impl<K: Key, V: Spill> Debug for SpillBuffer<K, V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SpillBuffer")
+            .field("len", &self.len())
+            .field("memory_target", &self.memory_target())
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K: Key, V: Spill> SpillBuffer<K, V> {
+    /// Start configuring a buffer that spills into a private sub-directory
+    /// of `dir`.
+    pub fn builder(dir: impl Into<PathBuf>) -> Builder<K, V> {
+        Builder::new(dir.into())
+    }
+
+    pub(crate) fn from_builder(b: Builder<K, V>) -> Result<Self> {
+        let dirs = SpillDirs::create(&b.dirs)?;
+        let pool = Pool::new(b.io_threads)
+            .map_err(|e| Error::io("start IO threads", dirs.path(0).to_path_buf(), e))?;
+        let store = Store::new(
+            dirs.paths().to_vec(),
+            b.storage,
+            StoreConfig {
+                segment_size: b.segment_size,
+                max_spill: b.max_spill,
+                compact_below: b.compact_below,
+            },
+        );
+        let inner = Inner::new(InnerConfig {
+            shards: b.shards,
+            target: b.memory_target,
+            limit: b.memory_limit,
+            compression: b.compression,
+            store,
+            pool,
+        });
+        for parent in b.dirs {
+            inner.pool.submit(
+                crate::io::Priority::Background,
+                Box::new(move || drop(sweep_stale(&parent))),
+            );
+        }
+        Ok(SpillBuffer {
+            handle: Arc::new(Handle {
+                inner,
+                dirs: Mutex::new(Some(dirs)),
+            }),
+        })
+    }
+
+    fn inner(&self) -> &Inner<K, V> {
+        &self.handle.inner
+    }
+
+    /// Insert `value` under `key`, replacing any old value in either tier.
+    ///
+    /// Never waits for disk: if memory passes the target, the least recently
+    /// used values are queued for writing on the IO pool. A value heavier
+    /// than the whole target is queued for writing at once. The `Result`
+    /// is kept for errors a future version may detect up front; today
+    /// insertion always succeeds.
+    pub fn insert(&self, key: K, value: V) -> Result<()> {
+        self.inner().insert(key, value);
+        Ok(())
+    }
+
+    /// Insert, then wait until memory (resident values, including those
+    /// being written) is at or below `memory_limit`. Waiters resume in
+    /// arrival order. This is the back-pressure a producer should use.
+    ///
+    /// If nothing more can be evicted and no write is in flight (every
+    /// resident value pinned, or spills failing), the wait ends rather than
+    /// last forever.
+    pub async fn insert_async(&self, key: K, value: V) -> Result<()> {
+        self.inner().insert(key, value);
+        self.inner().wait_for_memory().await;
+        Ok(())
+    }
+
+    /// Pin `key`'s value, reading it back from disk on this thread if
+    /// needed. Blocking: for async callers, use [`SpillBuffer::pin`].
+    /// Concurrent readers of the same key share one read.
+    pub fn get(&self, key: &K) -> Result<Option<Pinned<V>>> {
+        match self.inner().lookup(key, None) {
+            Lookup::Hit(p) => return Ok(Some(p)),
+            Lookup::Missing => return Ok(None),
+            _ => {}
+        }
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        match self.inner().lookup(key, Some(Waiter::Blocking(tx))) {
+            Lookup::Hit(p) => return Ok(Some(p)),
+            Lookup::Missing | Lookup::NotResident => return Ok(None),
+            Lookup::Joined => {}
+            Lookup::Read { version, loc } => self.inner().unspill(key.clone(), version, loc),
+        }
+        rx.recv().unwrap_or_else(|_| inner::closed())
+    }
+
+    /// Pin `key`'s value. Never blocks the caller: a value on disk is read
+    /// back on the IO pool, and concurrent pins of one key share that read.
+    /// Resolves to `None` if the key is absent (or removed meanwhile).
+    pub async fn pin(&self, key: &K) -> Result<Option<Pinned<V>>> {
+        match self.inner().lookup(key, None) {
+            Lookup::Hit(p) => return Ok(Some(p)),
+            Lookup::Missing => return Ok(None),
+            _ => {}
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        match self.inner().lookup(key, Some(Waiter::Async(tx))) {
+            Lookup::Hit(p) => return Ok(Some(p)),
+            Lookup::Missing | Lookup::NotResident => return Ok(None),
+            Lookup::Joined => {}
+            Lookup::Read { version, loc } => self.inner().start_read(key.clone(), version, loc),
+        }
+        rx.await.unwrap_or_else(|_| inner::closed())
+    }
+
+    /// Pin `key`'s value if it is in memory; never waits.
+    pub fn try_pin(&self, key: &K) -> Option<Pinned<V>> {
+        match self.inner().lookup(key, None) {
+            Lookup::Hit(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// Hint that `keys` will be needed soon, in this order. Those on disk
+    /// are read back on the IO pool, in order, as long as they fit within
+    /// the memory target next to what is resident; a prefetch never evicts
+    /// anything. A `pin` of a key being prefetched joins its read.
+    pub fn prefetch(&self, keys: impl IntoIterator<Item = K>) {
+        for key in keys {
+            self.inner().queue_prefetch(key);
+        }
+    }
+
+    /// Remove `key`, freeing its memory and disk space; pending IO for it is
+    /// cancelled or discarded. Returns whether the key was present.
+    /// Existing [`Pinned`] guards keep the old value alive.
+    pub fn remove(&self, key: &K) -> bool {
+        self.inner().remove(key)
+    }
+
+    /// Evict at least `bytes` of unpinned values now (least recently used,
+    /// clean ones first), whatever the target. Returns the weight of the
+    /// values dropped or queued for writing.
+    pub fn evict(&self, bytes: usize) -> usize {
+        self.inner().evict_bytes(bytes)
+    }
+
+    /// Change the memory target at run time, evicting if needed. A
+    /// `memory_limit` left at its default follows the target; one set
+    /// explicitly is raised to the target if below it.
+    pub fn set_memory_target(&self, bytes: usize) {
+        self.inner().set_target(bytes);
+    }
+
+    /// The current memory target.
+    pub fn memory_target(&self) -> usize {
+        self.inner().target()
+    }
+
+    /// Wait until all queued IO (spills, reads, prefetches, compaction) has
+    /// finished.
+    pub async fn flush(&self) -> Result<()> {
+        self.inner().pool.wait_idle().await;
+        Ok(())
+    }
+
+    /// Block until all queued IO has finished.
+    pub fn flush_blocking(&self) -> Result<()> {
+        self.inner().pool.wait_idle_blocking();
+        Ok(())
+    }
+
+    /// Is `key` present (in either tier)?
+    pub fn contains_key(&self, key: &K) -> bool {
+        let inner = self.inner();
+        inner.with_shard(inner.shard_of(key), |core| core.contains(key))
+    }
+
+    /// Number of live keys.
+    pub fn len(&self) -> usize {
+        self.inner().g.len.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// True when no key is present.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A snapshot of gauges and counters.
+    pub fn stats(&self) -> Stats {
+        self.inner().stats()
+    }
+
+    /// The buffer's private spill sub-directories, one per configured
+    /// directory.
+    pub fn spill_dirs(&self) -> Vec<PathBuf> {
+        self.handle
+            .dirs
+            .lock()
+            .as_ref()
+            .map(|d| d.paths().to_vec())
+            .unwrap_or_default()
+    }
+
+    /// Check the internal invariants (index, LRU lists, pins, gauges,
+    /// segment live bytes). Waits for the IO pool to go idle first; call it
+    /// only when no other thread is using the buffer. Meant for tests and
+    /// fuzzing; returns a description of the first violation found.
+    #[doc(hidden)]
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        self.inner().validate()
+    }
+}

@@ -1,0 +1,120 @@
+//! [`Pinned`]: an RAII guard on a value that keeps its entry from being
+//! evicted until the last guard for it is dropped or consumed.
+
+use crate::error::Result;
+use std::fmt;
+use std::ops::Deref;
+use std::sync::Arc;
+
+/// Where a pin lives: shard, slot and the entry's version. A pin whose
+/// entry was removed or replaced finds another version there and does
+/// nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PinAt {
+    pub shard: u32,
+    pub slot: u32,
+    pub version: u64,
+}
+
+/// What a pin needs of the buffer, without naming its key type.
+pub(crate) trait PinOwner: Send + Sync + 'static {
+    /// Add one pin (a clone of a guard).
+    fn repin(&self, at: PinAt);
+    /// Drop one pin; `consume` marks the entry first in line for eviction.
+    fn unpin(&self, at: PinAt, consume: bool);
+}
+
+/// The outcome sent to a reader waiting on a disk read.
+pub(crate) type PinResult<V> = Result<Option<Pinned<V>>>;
+
+/// A reader waiting for an in-flight read.
+pub(crate) enum Waiter<V> {
+    /// `pin().await`.
+    Async(tokio::sync::oneshot::Sender<PinResult<V>>),
+    /// A blocking `get` on another thread.
+    Blocking(crossbeam_channel::Sender<PinResult<V>>),
+}
+
+impl<V> Waiter<V> {
+    /// Deliver the outcome. A reader that went away drops it, which
+    /// releases the pin it carried.
+    pub(crate) fn send(self, result: PinResult<V>) {
+        match self {
+            Waiter::Async(tx) => drop(tx.send(result)),
+            Waiter::Blocking(tx) => drop(tx.send(result)),
+        }
+    }
+}
+
+/// A value held in memory for the caller. While any `Pinned` for an entry
+/// lives, the entry is not evicted; dropping the last one makes it
+/// evictable again (as most recently used), and [`Pinned::consume`] makes
+/// it first in line.
+///
+/// The guard dereferences to the value. It stays valid even if the key is
+/// removed or replaced meanwhile: it then holds the old value.
+pub struct Pinned<V> {
+    value: Arc<V>,
+    owner: Arc<dyn PinOwner>,
+    at: PinAt,
+    released: bool,
+}
+
+impl<V> Pinned<V> {
+    /// A guard for a pin already counted on the entry.
+    pub(crate) fn new(value: Arc<V>, owner: Arc<dyn PinOwner>, at: PinAt) -> Self {
+        Pinned {
+            value,
+            owner,
+            at,
+            released: false,
+        }
+    }
+
+    /// The host is done with the value: unpin it and make its entry the
+    /// first to be evicted. If a valid disk copy exists (the value was read
+    /// back from disk) its memory is freed at once, with no write.
+    pub fn consume(mut self) {
+        self.released = true;
+        self.owner.unpin(self.at, true);
+    }
+
+    /// A shared handle on the value itself, which outlives the pin.
+    pub fn value(&self) -> &Arc<V> {
+        &self.value
+    }
+}
+
+impl<V> Deref for Pinned<V> {
+    type Target = V;
+
+    fn deref(&self) -> &V {
+        &self.value
+    }
+}
+
+impl<V> Clone for Pinned<V> {
+    fn clone(&self) -> Self {
+        self.owner.repin(self.at);
+        Pinned {
+            value: Arc::clone(&self.value),
+            owner: Arc::clone(&self.owner),
+            at: self.at,
+            released: false,
+        }
+    }
+}
+
+impl<V> Drop for Pinned<V> {
+    fn drop(&mut self) {
+        if !self.released {
+            self.owner.unpin(self.at, false);
+        }
+    }
+}
+
+impl<V: fmt::Debug> fmt::Debug for Pinned<V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Pinned").field(&*self.value).finish()
+    }
+}

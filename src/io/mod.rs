@@ -1,0 +1,309 @@
+//! The dedicated IO pool: the buffer's own threads, fed by three crossbeam
+//! queues in priority order — demand reads (a caller is waiting), spill
+//! writes, then background work (prefetch, compaction, file deletion).
+//!
+//! Jobs are boxed closures, so the pool knows nothing of keys and values.
+//! It counts queued and running jobs so that `flush` can wait for all of
+//! them, from async code or from a blocking caller.
+
+use crossbeam_channel::{Receiver, Select, Sender};
+use parking_lot::{Condvar, Mutex, RwLock};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::thread::{JoinHandle, ThreadId};
+
+/// A unit of work for the pool.
+pub(crate) type Job = Box<dyn FnOnce() + Send + 'static>;
+
+/// Queue a job goes to; lower runs first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Priority {
+    /// A reader is waiting for this.
+    Demand = 0,
+    /// Memory is waiting for this.
+    Spill = 1,
+    /// Nobody waits: prefetch, compaction, deleting files.
+    Background = 2,
+}
+
+/// Counts jobs not yet finished and wakes those waiting for zero.
+#[derive(Default)]
+struct Idle {
+    pending: AtomicUsize,
+    waiters: Mutex<Vec<tokio::sync::oneshot::Sender<()>>>,
+    cv: Condvar,
+}
+
+impl Idle {
+    fn done(&self) {
+        if self.pending.fetch_sub(1, SeqCst) == 1 {
+            // Taking the lock orders this wake-up after any waiter that saw
+            // a non-zero count under it.
+            let waiters = std::mem::take(&mut *self.waiters.lock());
+            self.cv.notify_all();
+            for w in waiters {
+                let _ = w.send(());
+            }
+        }
+    }
+}
+
+struct Queues {
+    tx: [Sender<Job>; 3],
+    /// Dropped at shutdown to wake idle threads.
+    stop: Option<Sender<()>>,
+}
+
+pub(crate) struct Pool {
+    /// `None` once shut down; the lock makes "check open, then send"
+    /// atomic with respect to shutdown, so no job slips in after the drain.
+    queues: RwLock<Option<Queues>>,
+    rx: [Receiver<Job>; 3],
+    idle: Arc<Idle>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    thread_ids: Vec<ThreadId>,
+}
+
+impl Pool {
+    /// Start `threads` IO threads.
+    pub(crate) fn new(threads: usize) -> std::io::Result<Pool> {
+        let (tx0, rx0) = crossbeam_channel::unbounded();
+        let (tx1, rx1) = crossbeam_channel::unbounded();
+        let (tx2, rx2) = crossbeam_channel::unbounded();
+        let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
+        let rx = [rx0, rx1, rx2];
+        let idle = Arc::new(Idle::default());
+        let mut handles = Vec::with_capacity(threads);
+        for i in 0..threads {
+            let rx = rx.clone();
+            let stop = stop_rx.clone();
+            let idle = Arc::clone(&idle);
+            let h = std::thread::Builder::new()
+                .name(format!("spillbuffer-io-{i}"))
+                .spawn(move || worker(rx, stop, idle))?;
+            handles.push(h);
+        }
+        Ok(Pool {
+            thread_ids: handles.iter().map(|h| h.thread().id()).collect(),
+            queues: RwLock::new(Some(Queues {
+                tx: [tx0, tx1, tx2],
+                stop: Some(stop_tx),
+            })),
+            rx,
+            idle,
+            threads: Mutex::new(handles),
+        })
+    }
+
+    /// Queue a job. Returns false (dropping the job) once shut down.
+    pub(crate) fn submit(&self, prio: Priority, job: Job) -> bool {
+        let g = self.queues.read();
+        let Some(q) = g.as_ref() else {
+            return false;
+        };
+        self.idle.pending.fetch_add(1, SeqCst);
+        if q.tx[prio as usize].send(job).is_err() {
+            self.idle.done();
+            return false;
+        }
+        true
+    }
+
+    /// Jobs queued or running.
+    #[cfg(test)]
+    pub(crate) fn pending(&self) -> usize {
+        self.idle.pending.load(SeqCst)
+    }
+
+    /// Is the calling thread one of this pool's?
+    pub(crate) fn on_pool_thread(&self) -> bool {
+        let me = std::thread::current().id();
+        self.thread_ids.contains(&me)
+    }
+
+    /// Resolve once no job is queued or running.
+    pub(crate) async fn wait_idle(&self) {
+        let rx = {
+            let mut w = self.idle.waiters.lock();
+            if self.idle.pending.load(SeqCst) == 0 {
+                return;
+            }
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            w.push(tx);
+            rx
+        };
+        let _ = rx.await;
+    }
+
+    /// Block the calling thread until no job is queued or running.
+    pub(crate) fn wait_idle_blocking(&self) {
+        let mut w = self.idle.waiters.lock();
+        while self.idle.pending.load(SeqCst) != 0 {
+            self.idle.cv.wait(&mut w);
+        }
+    }
+
+    /// Stop the threads after their current job, and drop queued jobs.
+    pub(crate) fn shutdown(&self) {
+        let Some(mut q) = self.queues.write().take() else {
+            return;
+        };
+        drop(q.stop.take());
+        drop(q);
+        let handles = std::mem::take(&mut *self.threads.lock());
+        let on_pool = self.on_pool_thread();
+        for h in handles {
+            // A pool thread cannot join itself; it exits on its own once
+            // its current job returns.
+            if !on_pool {
+                let _ = h.join();
+            }
+        }
+        for rx in &self.rx {
+            for job in rx.try_iter() {
+                drop(job);
+                self.idle.done();
+            }
+        }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn worker(rx: [Receiver<Job>; 3], stop: Receiver<()>, idle: Arc<Idle>) {
+    loop {
+        let job = match next_job(&rx, &stop) {
+            Some(job) => job,
+            None => return,
+        };
+        if catch_unwind(AssertUnwindSafe(job)).is_err() {
+            tracing::error!("a spillbuffer IO job panicked; the pool keeps running");
+        }
+        idle.done();
+    }
+}
+
+/// The highest-priority job available, waiting if there is none. `None`
+/// when the pool is stopping.
+fn next_job(rx: &[Receiver<Job>; 3], stop: &Receiver<()>) -> Option<Job> {
+    loop {
+        if stop.try_recv() == Err(crossbeam_channel::TryRecvError::Disconnected) {
+            return None;
+        }
+        for r in rx {
+            if let Ok(job) = r.try_recv() {
+                return Some(job);
+            }
+        }
+        let mut sel = Select::new();
+        for r in rx {
+            sel.recv(r);
+        }
+        sel.recv(stop);
+        // Only wait for readiness; the loop above then takes the job in
+        // priority order.
+        sel.ready();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    #[test]
+    fn runs_jobs_and_waits_for_them() {
+        let pool = Pool::new(2).unwrap();
+        let n = Arc::new(AtomicUsize::new(0));
+        for _ in 0..100 {
+            let n = Arc::clone(&n);
+            assert!(pool.submit(
+                Priority::Spill,
+                Box::new(move || {
+                    n.fetch_add(1, SeqCst);
+                })
+            ));
+        }
+        pool.wait_idle_blocking();
+        assert_eq!(n.load(SeqCst), 100);
+        assert_eq!(pool.pending(), 0);
+    }
+
+    #[test]
+    fn demand_jobs_overtake_queued_background_jobs() {
+        let pool = Pool::new(1).unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let (gate_tx, gate_rx) = crossbeam_channel::bounded::<()>(0);
+        // Occupy the only thread so that both queues fill up behind it.
+        pool.submit(
+            Priority::Spill,
+            Box::new(move || {
+                let _ = gate_rx.recv();
+            }),
+        );
+        for (p, name) in [(Priority::Background, "bg"), (Priority::Demand, "demand")] {
+            let order = Arc::clone(&order);
+            pool.submit(p, Box::new(move || order.lock().push(name)));
+        }
+        gate_tx.send(()).unwrap();
+        pool.wait_idle_blocking();
+        assert_eq!(*order.lock(), vec!["demand", "bg"]);
+    }
+
+    #[test]
+    fn panicking_job_does_not_kill_the_pool() {
+        let pool = Pool::new(1).unwrap();
+        pool.submit(Priority::Spill, Box::new(|| panic!("boom")));
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = Arc::clone(&ran);
+        pool.submit(Priority::Spill, Box::new(move || r.store(true, SeqCst)));
+        pool.wait_idle_blocking();
+        assert!(ran.load(SeqCst));
+    }
+
+    #[test]
+    fn shutdown_drops_queued_jobs_and_refuses_new_ones() {
+        let pool = Pool::new(1).unwrap();
+        let (gate_tx, gate_rx) = crossbeam_channel::bounded::<()>(0);
+        pool.submit(
+            Priority::Spill,
+            Box::new(move || {
+                let _ = gate_rx.recv();
+            }),
+        );
+        pool.submit(Priority::Background, Box::new(|| {}));
+        assert_eq!(pool.pending(), 2);
+        let t = std::thread::spawn(move || {
+            // Release the running job once shutdown has started waiting.
+            std::thread::yield_now();
+            let _ = gate_tx.send(());
+        });
+        pool.shutdown();
+        t.join().unwrap();
+        assert!(!pool.submit(Priority::Demand, Box::new(|| {})));
+        // Whether or not the queued job ran first, nothing is left counted.
+        assert_eq!(pool.pending(), 0);
+    }
+
+    #[tokio::test]
+    async fn async_wait_resolves() {
+        let pool = Pool::new(2).unwrap();
+        let n = Arc::new(AtomicUsize::new(0));
+        for _ in 0..10 {
+            let n = Arc::clone(&n);
+            pool.submit(
+                Priority::Demand,
+                Box::new(move || {
+                    n.fetch_add(1, SeqCst);
+                }),
+            );
+        }
+        pool.wait_idle().await;
+        assert_eq!(n.load(SeqCst), 10);
+    }
+}

@@ -1,0 +1,25 @@
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+#![warn(rust_2018_idioms)]
+
+mod buffer;
+mod codec;
+mod config;
+mod error;
+mod io;
+mod metrics;
+mod store;
+mod value;
+
+pub use buffer::{Key, Pinned, SpillBuffer};
+pub use codec::Compression;
+pub use config::Builder;
+pub use error::{BoxError, Error, Result, SharedError};
+pub use metrics::Stats;
+pub use store::storage::{FsStorage, SegmentFile, Storage};
+pub use value::Spill;
+
+/// Test doubles for hosts and for this crate's own fault tests.
+pub mod testing {
+    pub use crate::store::faulty::{FaultyStorage, Faults, WriteFault};
+}

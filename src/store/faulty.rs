@@ -1,0 +1,165 @@
+//! A [`Storage`] that wraps the real one and misbehaves on request: it fails
+//! the Nth write or read, writes only part of a record before failing,
+//! reports a full disk, or flips a bit in what it reads. Used by the fault
+//! tests and the `faults` fuzz target; public so that hosts can test their
+//! own error handling the same way.
+
+use super::storage::{FsStorage, SegmentFile, Storage};
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
+
+/// What a write that is told to fail does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteFault {
+    /// Fail with an I/O error before writing anything.
+    Error,
+    /// Fail with "no space left on device" (ENOSPC) before writing.
+    NoSpace,
+    /// Write the first half of the buffer, then fail: a torn record.
+    Short,
+}
+
+/// Shared switches; clone the `Arc` to flip them while the buffer runs.
+#[derive(Debug, Default)]
+pub struct Faults {
+    writes: AtomicU64,
+    reads: AtomicU64,
+    creates: AtomicU64,
+    fail_write_at: AtomicU64,
+    fail_read_at: AtomicU64,
+    fail_create_at: AtomicU64,
+    write_kind: parking_lot::Mutex<Option<WriteFault>>,
+    fail_all_writes: AtomicBool,
+    flip_reads: AtomicBool,
+}
+
+impl Faults {
+    /// Make the `n`th write from now (1 = the next one) fail as `kind`.
+    pub fn fail_nth_write(&self, n: u64, kind: WriteFault) {
+        *self.write_kind.lock() = Some(kind);
+        self.fail_write_at.store(self.writes.load(SeqCst) + n, SeqCst);
+    }
+
+    /// Make every write fail as `kind` until [`Faults::clear`].
+    pub fn fail_all_writes(&self, kind: WriteFault) {
+        *self.write_kind.lock() = Some(kind);
+        self.fail_all_writes.store(true, SeqCst);
+    }
+
+    /// Make the `n`th read from now (1 = the next one) fail with an I/O error.
+    pub fn fail_nth_read(&self, n: u64) {
+        self.fail_read_at.store(self.reads.load(SeqCst) + n, SeqCst);
+    }
+
+    /// Make the `n`th file creation from now fail.
+    pub fn fail_nth_create(&self, n: u64) {
+        self.fail_create_at.store(self.creates.load(SeqCst) + n, SeqCst);
+    }
+
+    /// Flip one bit in every buffer read until [`Faults::clear`].
+    pub fn flip_bits_on_read(&self, on: bool) {
+        self.flip_reads.store(on, SeqCst);
+    }
+
+    /// Stop misbehaving.
+    pub fn clear(&self) {
+        self.fail_write_at.store(0, SeqCst);
+        self.fail_read_at.store(0, SeqCst);
+        self.fail_create_at.store(0, SeqCst);
+        self.fail_all_writes.store(false, SeqCst);
+        self.flip_reads.store(false, SeqCst);
+    }
+
+    /// Writes attempted so far.
+    pub fn writes(&self) -> u64 {
+        self.writes.load(SeqCst)
+    }
+
+    /// Reads attempted so far.
+    pub fn reads(&self) -> u64 {
+        self.reads.load(SeqCst)
+    }
+
+    fn write_fault(&self) -> Option<WriteFault> {
+        let n = self.writes.fetch_add(1, SeqCst) + 1;
+        let hit = self.fail_all_writes.load(SeqCst) || self.fail_write_at.load(SeqCst) == n;
+        if hit {
+            *self.write_kind.lock()
+        } else {
+            None
+        }
+    }
+}
+
+/// Real files, with the failures switched on in [`Faults`].
+#[derive(Debug, Default, Clone)]
+pub struct FaultyStorage {
+    faults: Arc<Faults>,
+}
+
+impl FaultyStorage {
+    /// A storage that behaves until told otherwise.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The switches, to flip from the test.
+    pub fn faults(&self) -> Arc<Faults> {
+        Arc::clone(&self.faults)
+    }
+}
+
+impl Storage for FaultyStorage {
+    fn create(&self, path: &Path) -> io::Result<Arc<dyn SegmentFile>> {
+        let n = self.faults.creates.fetch_add(1, SeqCst) + 1;
+        if self.faults.fail_create_at.load(SeqCst) == n {
+            return Err(io::Error::other("injected create failure"));
+        }
+        let inner = FsStorage.create(path)?;
+        Ok(Arc::new(FaultyFile {
+            inner,
+            faults: Arc::clone(&self.faults),
+        }))
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        FsStorage.remove(path)
+    }
+}
+
+struct FaultyFile {
+    inner: Arc<dyn SegmentFile>,
+    faults: Arc<Faults>,
+}
+
+impl SegmentFile for FaultyFile {
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        match self.faults.write_fault() {
+            None => self.inner.write_all_at(buf, offset),
+            Some(WriteFault::Error) => Err(io::Error::other("injected write failure")),
+            Some(WriteFault::NoSpace) => Err(io::Error::from_raw_os_error(28)),
+            Some(WriteFault::Short) => {
+                self.inner.write_all_at(&buf[..buf.len() / 2], offset)?;
+                Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    "injected short write",
+                ))
+            }
+        }
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let n = self.faults.reads.fetch_add(1, SeqCst) + 1;
+        if self.faults.fail_read_at.load(SeqCst) == n {
+            return Err(io::Error::other("injected read failure"));
+        }
+        self.inner.read_exact_at(buf, offset)?;
+        if self.faults.flip_reads.load(SeqCst) && !buf.is_empty() {
+            let at = (n as usize * 7919) % buf.len();
+            buf[at] ^= 0x10;
+        }
+        Ok(())
+    }
+}

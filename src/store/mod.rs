@@ -1,0 +1,569 @@
+//! The slow tier: append-only segment files in the buffer's private
+//! sub-directories, holding checksummed records (see [`record`]).
+//!
+//! Small records are packed into shared segments; a record larger than a
+//! segment gets a file of its own. Every segment counts its live bytes:
+//! a sealed segment with none left is deleted (on the IO pool), and one that
+//! falls below the compaction threshold is handed to compaction, which
+//! rewrites its live records elsewhere so that file space stays within a
+//! bounded factor of live data.
+//!
+//! The store's mutex guards only metadata; file creation, reads and writes
+//! happen outside it.
+
+pub(crate) mod dirs;
+pub mod faulty;
+pub(crate) mod record;
+pub mod storage;
+
+use crate::error::{Error, Result};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use storage::{SegmentFile, Storage};
+
+/// Where a record lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DiskLoc {
+    pub seg: u32,
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// A segment that holds no live record any more; deleting its file is left
+/// to the IO pool ([`Store::delete`]).
+pub(crate) struct DeadSegment {
+    path: PathBuf,
+    _file: Arc<dyn SegmentFile>,
+}
+
+/// What releasing a record asks of the caller.
+pub(crate) enum AfterRelease {
+    Nothing,
+    /// The segment is empty: delete it on the IO pool.
+    Delete(DeadSegment),
+    /// The segment is sparse: compact it on the IO pool.
+    Compact(u32),
+}
+
+/// How long a directory that failed a write is passed over.
+const DIR_BACKOFF: Duration = Duration::from_secs(1);
+
+struct Segment<K> {
+    file: Arc<dyn SegmentFile>,
+    path: PathBuf,
+    dir: usize,
+    /// Bytes allocated in the file (written or being written).
+    end: u64,
+    live: u64,
+    /// Live records by offset: (length, key). Compaction walks these.
+    records: HashMap<u64, (u64, K)>,
+    /// Writes reserved but not finished.
+    writes: u32,
+    /// No further records will be appended.
+    sealed: bool,
+    compacting: bool,
+}
+
+impl<K> Segment<K> {
+    fn is_dead(&self) -> bool {
+        self.sealed && self.writes == 0 && self.records.is_empty()
+    }
+}
+
+struct Segments<K> {
+    next_id: u32,
+    /// Per directory: the segment small records are appended to.
+    open: Vec<Option<u32>>,
+    /// Per directory: passed over until this instant after a failure.
+    failed_until: Vec<Option<Instant>>,
+    next_dir: usize,
+    segs: HashMap<u32, Segment<K>>,
+}
+
+/// Settings of the slow tier.
+pub(crate) struct StoreConfig {
+    pub segment_size: u64,
+    pub max_spill: u64,
+    /// Compact a sealed segment when live / allocated falls below this.
+    pub compact_below: f64,
+}
+
+pub(crate) struct Store<K> {
+    /// The buffer's private sub-directories (owned by the buffer).
+    dirs: Vec<PathBuf>,
+    storage: Arc<dyn Storage>,
+    cfg: StoreConfig,
+    inner: Mutex<Segments<K>>,
+    /// Live bytes plus bytes of writes in flight: what `max_spill` bounds.
+    reserved: AtomicU64,
+    disk_bytes: AtomicU64,
+    disk_count: AtomicU64,
+    file_bytes: AtomicU64,
+}
+
+impl<K: Clone> Store<K> {
+    pub(crate) fn new(dirs: Vec<PathBuf>, storage: Arc<dyn Storage>, cfg: StoreConfig) -> Self {
+        let n = dirs.len();
+        Store {
+            dirs,
+            storage,
+            cfg,
+            inner: Mutex::new(Segments {
+                next_id: 0,
+                open: vec![None; n],
+                failed_until: vec![None; n],
+                next_dir: 0,
+                segs: HashMap::new(),
+            }),
+            reserved: AtomicU64::new(0),
+            disk_bytes: AtomicU64::new(0),
+            disk_count: AtomicU64::new(0),
+            file_bytes: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn disk_bytes(&self) -> u64 {
+        self.disk_bytes.load(Relaxed)
+    }
+
+    pub(crate) fn disk_count(&self) -> u64 {
+        self.disk_count.load(Relaxed)
+    }
+
+    pub(crate) fn file_bytes(&self) -> u64 {
+        self.file_bytes.load(Relaxed)
+    }
+
+    /// Path of the file holding `loc`.
+    #[cfg(test)]
+    pub(crate) fn path_of(&self, loc: DiskLoc) -> PathBuf {
+        let g = self.inner.lock();
+        match g.segs.get(&loc.seg) {
+            Some(s) => s.path.clone(),
+            None => self.dirs[0].join(segment_name(loc.seg)),
+        }
+    }
+
+    /// Is a record of `len` bytes within the disk budget now?
+    pub(crate) fn check_budget(&self, len: u64) -> Result<()> {
+        let used = self.reserved.load(Relaxed);
+        if used.saturating_add(len) > self.cfg.max_spill {
+            return Err(Error::DiskBudget {
+                budget: self.cfg.max_spill,
+                used,
+                record: len,
+            });
+        }
+        Ok(())
+    }
+
+    fn reserve(&self, len: u64) -> Result<()> {
+        let max = self.cfg.max_spill;
+        self.reserved
+            .fetch_update(Relaxed, Relaxed, |used| {
+                used.checked_add(len).filter(|&n| n <= max)
+            })
+            .map(|_| ())
+            .map_err(|used| Error::DiskBudget {
+                budget: max,
+                used,
+                record: len,
+            })
+    }
+
+    /// Append one sealed record for `key`. Runs on the IO pool.
+    pub(crate) fn write(&self, key: &K, record: &[u8]) -> Result<DiskLoc> {
+        let len = record.len() as u64;
+        self.reserve(len)?;
+        let (loc, file, path) = match self.allocate(len) {
+            Ok(a) => a,
+            Err(e) => {
+                self.reserved.fetch_sub(len, Relaxed);
+                return Err(e);
+            }
+        };
+        let res = file.write_all_at(record, loc.offset);
+        let mut dead = None;
+        {
+            let mut g = self.inner.lock();
+            let Segments {
+                segs, failed_until, ..
+            } = &mut *g;
+            if let Some(seg) = segs.get_mut(&loc.seg) {
+                seg.writes -= 1;
+                match &res {
+                    Ok(()) => {
+                        seg.live += len;
+                        seg.records.insert(loc.offset, (len, key.clone()));
+                    }
+                    Err(_) => {
+                        // The range stays allocated as dead bytes: nothing
+                        // points at it, so a torn record is never read.
+                        failed_until[seg.dir] = Some(Instant::now() + DIR_BACKOFF);
+                        if seg.is_dead() {
+                            dead = segs.remove(&loc.seg);
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(seg) = dead {
+            self.delete(self.forget(seg));
+        }
+        match res {
+            Ok(()) => {
+                self.disk_bytes.fetch_add(len, Relaxed);
+                self.disk_count.fetch_add(1, Relaxed);
+                Ok(loc)
+            }
+            Err(e) => {
+                self.reserved.fetch_sub(len, Relaxed);
+                Err(Error::io("write record", path, e))
+            }
+        }
+    }
+
+    /// Reserve `len` bytes in a segment, creating a file when needed.
+    fn allocate(&self, len: u64) -> Result<(DiskLoc, Arc<dyn SegmentFile>, PathBuf)> {
+        let own_file = len > self.cfg.segment_size;
+        loop {
+            let (dir, id) = {
+                let mut g = self.inner.lock();
+                let dir = pick_dir(&mut g);
+                if !own_file {
+                    if let Some(id) = g.open[dir] {
+                        let seg = g.segs.get_mut(&id).expect("open segment is in the table");
+                        if seg.end + len <= self.cfg.segment_size {
+                            let loc = DiskLoc {
+                                seg: id,
+                                offset: seg.end,
+                                len,
+                            };
+                            seg.end += len;
+                            seg.writes += 1;
+                            self.file_bytes.fetch_add(len, Relaxed);
+                            return Ok((loc, Arc::clone(&seg.file), seg.path.clone()));
+                        }
+                    }
+                }
+                let id = g.next_id;
+                g.next_id = g.next_id.wrapping_add(1);
+                (dir, id)
+            };
+            let path = self.dirs[dir].join(segment_name(id));
+            let file = match self.storage.create(&path) {
+                Ok(f) => f,
+                Err(e) => {
+                    self.inner.lock().failed_until[dir] = Some(Instant::now() + DIR_BACKOFF);
+                    return Err(Error::io("create segment", path, e));
+                }
+            };
+            let mut seg = Segment {
+                file: Arc::clone(&file),
+                path: path.clone(),
+                dir,
+                end: 0,
+                live: 0,
+                records: HashMap::new(),
+                writes: 0,
+                sealed: own_file,
+                compacting: false,
+            };
+            let mut dead = None;
+            {
+                let mut g = self.inner.lock();
+                if own_file {
+                    seg.end = len;
+                    seg.writes = 1;
+                    g.segs.insert(id, seg);
+                    self.file_bytes.fetch_add(len, Relaxed);
+                    return Ok((DiskLoc { seg: id, offset: 0, len }, file, path));
+                }
+                g.segs.insert(id, seg);
+                if let Some(old) = g.open[dir].replace(id) {
+                    if let Some(s) = g.segs.get_mut(&old) {
+                        s.sealed = true;
+                        if s.is_dead() {
+                            dead = g.segs.remove(&old);
+                        }
+                    }
+                }
+            }
+            if let Some(seg) = dead {
+                self.delete(self.forget(seg));
+            }
+        }
+    }
+
+    /// Read the whole record at `loc` into `buf` (resized to fit). Returns
+    /// the path of its file, for error messages.
+    pub(crate) fn read(&self, loc: DiskLoc, buf: &mut Vec<u8>) -> Result<PathBuf> {
+        let (file, path) = {
+            let g = self.inner.lock();
+            match g.segs.get(&loc.seg) {
+                Some(s) => (Arc::clone(&s.file), s.path.clone()),
+                None => {
+                    return Err(Error::io(
+                        "read record",
+                        self.dirs[0].join(segment_name(loc.seg)),
+                        std::io::Error::new(std::io::ErrorKind::NotFound, "segment released"),
+                    ))
+                }
+            }
+        };
+        let len = usize::try_from(loc.len).map_err(|_| {
+            Error::io(
+                "read record",
+                path.clone(),
+                std::io::Error::other("record larger than the address space"),
+            )
+        })?;
+        buf.clear();
+        buf.reserve(len);
+        // Avoid zero-filling a buffer that is about to be overwritten: only
+        // grow the initialised length when it is too short.
+        if buf.capacity() >= len {
+            buf.resize(len, 0);
+        }
+        file.read_exact_at(&mut buf[..len], loc.offset)
+            .map_err(|e| Error::io("read record", path.clone(), e))?;
+        Ok(path)
+    }
+
+    /// The record at `loc` is dead (removed, replaced or moved). O(1); may
+    /// hand back work for the IO pool.
+    pub(crate) fn release(&self, loc: DiskLoc) -> AfterRelease {
+        let mut g = self.inner.lock();
+        let Some(seg) = g.segs.get_mut(&loc.seg) else {
+            return AfterRelease::Nothing;
+        };
+        if seg.records.remove(&loc.offset).is_none() {
+            return AfterRelease::Nothing;
+        }
+        seg.live -= loc.len;
+        self.disk_bytes.fetch_sub(loc.len, Relaxed);
+        self.disk_count.fetch_sub(1, Relaxed);
+        self.reserved.fetch_sub(loc.len, Relaxed);
+        if seg.is_dead() {
+            let seg = g.segs.remove(&loc.seg).expect("segment present");
+            drop(g);
+            return AfterRelease::Delete(self.forget(seg));
+        }
+        if seg.sealed
+            && !seg.compacting
+            && (seg.live as f64) < self.cfg.compact_below * seg.end as f64
+        {
+            seg.compacting = true;
+            return AfterRelease::Compact(loc.seg);
+        }
+        AfterRelease::Nothing
+    }
+
+    /// The live records of a segment being compacted: (location, key).
+    pub(crate) fn live_records(&self, seg: u32) -> Vec<(DiskLoc, K)> {
+        let g = self.inner.lock();
+        let Some(s) = g.segs.get(&seg) else {
+            return Vec::new();
+        };
+        let mut v: Vec<_> = s
+            .records
+            .iter()
+            .map(|(&offset, (len, key))| {
+                (
+                    DiskLoc {
+                        seg,
+                        offset,
+                        len: *len,
+                    },
+                    key.clone(),
+                )
+            })
+            .collect();
+        v.sort_by_key(|(loc, _)| loc.offset);
+        v
+    }
+
+    /// Compaction of `seg` ended; it may be picked again later.
+    pub(crate) fn compaction_done(&self, seg: u32) {
+        if let Some(s) = self.inner.lock().segs.get_mut(&seg) {
+            s.compacting = false;
+        }
+    }
+
+    fn forget(&self, seg: Segment<K>) -> DeadSegment {
+        self.file_bytes.fetch_sub(seg.end, Relaxed);
+        DeadSegment {
+            path: seg.path,
+            _file: seg.file,
+        }
+    }
+
+    /// Delete a dead segment's file. Runs on the IO pool: an unlink can
+    /// stall while the kernel drops the file's dirty pages.
+    pub(crate) fn delete(&self, dead: DeadSegment) {
+        if let Err(e) = self.storage.remove(&dead.path) {
+            tracing::warn!(path = %dead.path.display(), error = %e, "could not delete spill segment");
+        }
+    }
+
+    /// Check the segment table against the counters.
+    pub(crate) fn validate(&self) -> std::result::Result<(), String> {
+        let g = self.inner.lock();
+        let (mut live, mut count, mut end) = (0u64, 0u64, 0u64);
+        for (id, s) in &g.segs {
+            let sum: u64 = s.records.values().map(|(l, _)| l).sum();
+            if sum != s.live {
+                return Err(format!("segment {id}: live {} != record sum {sum}", s.live));
+            }
+            if s.live > s.end {
+                return Err(format!("segment {id}: live {} > end {}", s.live, s.end));
+            }
+            for (&off, &(len, _)) in &s.records {
+                if off + len > s.end {
+                    return Err(format!("segment {id}: record at {off} passes the end"));
+                }
+            }
+            live += s.live;
+            count += s.records.len() as u64;
+            end += s.end;
+        }
+        if live != self.disk_bytes() || count != self.disk_count() {
+            return Err(format!(
+                "disk_bytes/count {}/{} != segments {live}/{count}",
+                self.disk_bytes(),
+                self.disk_count()
+            ));
+        }
+        if end != self.file_bytes() {
+            return Err(format!("file_bytes {} != segments {end}", self.file_bytes()));
+        }
+        Ok(())
+    }
+}
+
+fn segment_name(id: u32) -> String {
+    format!("seg-{id:08}.spill")
+}
+
+/// Round-robin over the directories, passing over those that failed
+/// recently (unless all did: then try anyway, the fault may have cleared).
+fn pick_dir<K>(g: &mut Segments<K>) -> usize {
+    let n = g.open.len();
+    let now = Instant::now();
+    for i in 0..n {
+        let d = (g.next_dir + i) % n;
+        if g.failed_until[d].is_none_or(|t| t <= now) {
+            g.failed_until[d] = None;
+            g.next_dir = (d + 1) % n;
+            return d;
+        }
+    }
+    let d = g.next_dir;
+    g.next_dir = (d + 1) % n;
+    d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::Codec;
+
+    fn store(dir: &std::path::Path, segment_size: u64, max_spill: u64) -> Store<u32> {
+        Store::new(
+            vec![dir.to_path_buf()],
+            Arc::new(storage::FsStorage),
+            StoreConfig {
+                segment_size,
+                max_spill,
+                compact_below: 0.5,
+            },
+        )
+    }
+
+    fn rec(payload: &[u8]) -> Vec<u8> {
+        let mut b = vec![0u8; record::HEADER];
+        b.extend_from_slice(payload);
+        record::seal(&mut b, Codec::Raw, payload.len() as u64);
+        b
+    }
+
+    #[test]
+    fn small_records_share_a_segment_and_read_back() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = store(tmp.path(), 1 << 20, u64::MAX);
+        let a = s.write(&1, &rec(b"alpha")).unwrap();
+        let b = s.write(&2, &rec(b"beta")).unwrap();
+        assert_eq!(a.seg, b.seg);
+        let mut buf = Vec::new();
+        s.read(b, &mut buf).unwrap();
+        assert_eq!(record::open(&buf).unwrap().payload, b"beta");
+        assert_eq!(s.disk_count(), 2);
+        assert_eq!(s.disk_bytes(), a.len + b.len);
+        s.validate().unwrap();
+    }
+
+    #[test]
+    fn large_record_gets_its_own_file_and_is_deleted_when_dead() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = store(tmp.path(), 100, u64::MAX);
+        let big = s.write(&1, &rec(&[7u8; 500])).unwrap();
+        let path = s.path_of(big);
+        assert!(path.exists());
+        match s.release(big) {
+            AfterRelease::Delete(d) => s.delete(d),
+            _ => panic!("a dead own-file segment must be deleted"),
+        }
+        assert!(!path.exists());
+        assert_eq!(s.file_bytes(), 0);
+        s.validate().unwrap();
+    }
+
+    #[test]
+    fn sealed_segment_is_released_when_its_last_record_dies() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = store(tmp.path(), 100, u64::MAX);
+        let a = s.write(&1, &rec(&[1u8; 40])).unwrap(); // 72 bytes
+        let b = s.write(&2, &rec(&[2u8; 40])).unwrap(); // does not fit: new segment
+        assert_ne!(a.seg, b.seg);
+        let first = s.path_of(a);
+        assert!(matches!(s.release(a), AfterRelease::Delete(_)));
+        // The open segment is kept even when empty.
+        assert!(matches!(s.release(b), AfterRelease::Nothing));
+        assert_eq!(s.disk_bytes(), 0);
+        let _ = first;
+        s.validate().unwrap();
+    }
+
+    #[test]
+    fn disk_budget_refuses_and_does_not_count() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = store(tmp.path(), 1 << 20, 100);
+        s.write(&1, &rec(&[0u8; 40])).unwrap();
+        let err = s.write(&2, &rec(&[0u8; 40])).unwrap_err();
+        assert!(matches!(err, Error::DiskBudget { budget: 100, .. }), "{err}");
+        assert_eq!(s.disk_count(), 1);
+        s.validate().unwrap();
+    }
+
+    #[test]
+    fn sparse_sealed_segment_asks_for_compaction() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = store(tmp.path(), 200, u64::MAX);
+        let locs: Vec<_> = (0..6).map(|i| s.write(&i, &rec(&[i as u8; 20])).unwrap()).collect();
+        // 52-byte records: three fit in 200, so locs[0..3] sit in a sealed segment.
+        assert!(matches!(s.release(locs[0]), AfterRelease::Nothing));
+        match s.release(locs[1]) {
+            AfterRelease::Compact(seg) => {
+                assert_eq!(seg, locs[0].seg);
+                let live = s.live_records(seg);
+                assert_eq!(live.len(), 1);
+                assert_eq!(live[0], (locs[2], 2));
+            }
+            _ => panic!("expected a compaction request"),
+        }
+    }
+}

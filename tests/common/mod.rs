@@ -1,0 +1,47 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use spillbuffer::{SpillBuffer, Stats};
+
+pub type Buf = SpillBuffer<u64, Vec<u8>>;
+
+/// A value of `len` bytes whose content depends on `seed`.
+pub fn value(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+pub fn buffer(dir: &std::path::Path, target: usize) -> Buf {
+    SpillBuffer::builder(dir)
+        .memory_target(target)
+        .segment_size(64 * 1024)
+        .build()
+        .expect("build")
+}
+
+pub fn stats(b: &Buf) -> Stats {
+    b.stats()
+}
+
+/// Files (not directories) under `dir`, recursively.
+pub fn files_under(dir: &std::path::Path) -> usize {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    rd.flatten()
+        .map(|e| {
+            if e.file_type().unwrap().is_dir() {
+                files_under(&e.path())
+            } else {
+                1
+            }
+        })
+        .sum()
+}
