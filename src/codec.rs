@@ -90,7 +90,9 @@ mod tests {
 
     #[test]
     fn compressible_data_round_trips() {
-        let raw: Vec<u8> = (0..100_000u32).flat_map(|i| (i % 7).to_le_bytes()).collect();
+        let raw: Vec<u8> = (0..100_000u32)
+            .flat_map(|i| (i % 7).to_le_bytes())
+            .collect();
         let mut out = vec![0u8; 3];
         let n = compress_into(&raw, &mut out, 3).expect("repetitive data compresses");
         assert!(n < raw.len() / 4);

@@ -153,10 +153,7 @@ where
             if limit < self.memory_target {
                 return bad(
                     "memory_limit",
-                    format!(
-                        "{limit} is below memory_target {}",
-                        self.memory_target
-                    ),
+                    format!("{limit} is below memory_target {}", self.memory_target),
                 );
             }
         }

@@ -19,7 +19,4 @@ pub use metrics::Stats;
 pub use store::storage::{FsStorage, SegmentFile, Storage};
 pub use value::Spill;
 
-/// Test doubles for hosts and for this crate's own fault tests.
-pub mod testing {
-    pub use crate::store::faulty::{FaultyStorage, Faults, WriteFault};
-}
+pub mod testing;

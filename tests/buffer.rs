@@ -19,7 +19,11 @@ fn values_spill_past_the_target_and_read_back() {
     assert!(s.spill_count_total >= 40);
     assert_eq!(b.len(), 50);
     for k in 0..50u64 {
-        assert_eq!(*b.get(&k).unwrap().expect("present"), value(k, 1000), "key {k}");
+        assert_eq!(
+            *b.get(&k).unwrap().expect("present"),
+            value(k, 1000),
+            "key {k}"
+        );
     }
     b.validate().unwrap();
 }
@@ -58,7 +62,10 @@ fn pinned_entries_survive_any_memory_pressure() {
     b.validate().unwrap();
     drop(pin);
     b.flush_blocking().unwrap();
-    assert!(b.try_pin(&0).is_none(), "unpinned value stays over a zero target");
+    assert!(
+        b.try_pin(&0).is_none(),
+        "unpinned value stays over a zero target"
+    );
     assert_eq!(*b.get(&0).unwrap().unwrap(), value(0, 1000));
 }
 
@@ -123,7 +130,10 @@ fn a_value_heavier_than_the_target_goes_straight_to_disk() {
     b.insert(2, value(2, 5000)).unwrap();
     b.flush_blocking().unwrap();
     assert!(b.try_pin(&2).is_none());
-    assert!(b.try_pin(&1).is_some(), "the small value was not pushed out");
+    assert!(
+        b.try_pin(&1).is_some(),
+        "the small value was not pushed out"
+    );
     let p = b.get(&2).unwrap().unwrap();
     assert_eq!(*p, value(2, 5000));
     drop(p);
@@ -164,7 +174,11 @@ fn remove_frees_memory_and_disk() {
     }
     b.flush_blocking().unwrap();
     let s = b.stats();
-    assert_eq!((s.memory_bytes, s.disk_bytes, s.disk_count), (0, 0, 0), "{s:?}");
+    assert_eq!(
+        (s.memory_bytes, s.disk_bytes, s.disk_count),
+        (0, 0, 0),
+        "{s:?}"
+    );
     assert!(s.file_bytes <= 64 * 1024, "at most one open segment: {s:?}");
     assert!(b.is_empty());
     b.validate().unwrap();
@@ -203,7 +217,10 @@ fn compression_shrinks_compressible_records() {
     b.insert(2, value(2, 100_000)).unwrap();
     b.flush_blocking().unwrap();
     let s = b.stats();
-    assert!(s.disk_bytes < 100_000 + 32 + 2_000, "zeros compressed: {s:?}");
+    assert!(
+        s.disk_bytes < 100_000 + 32 + 2_000,
+        "zeros compressed: {s:?}"
+    );
     assert_eq!(*b.get(&1).unwrap().unwrap(), vec![0u8; 100_000]);
     assert_eq!(*b.get(&2).unwrap().unwrap(), value(2, 100_000));
 }

@@ -24,7 +24,10 @@ pub(crate) enum ListKind {
 pub(crate) enum State<V> {
     /// In memory. `disk` is the record of a valid disk copy (clean) or
     /// `None` (dirty).
-    Resident { value: Arc<V>, disk: Option<DiskLoc> },
+    Resident {
+        value: Arc<V>,
+        disk: Option<DiskLoc>,
+    },
     /// In memory, with a write queued or running; still readable.
     Spilling { value: Arc<V> },
     /// Only on disk.
@@ -380,7 +383,10 @@ mod tests {
         let i = c.find(&3).unwrap();
         c.link_back(i, ListKind::Dirty);
         assert_eq!(order(&c, ListKind::Dirty), vec![3, 2, 1]);
-        assert_eq!(c.tail(ListKind::Dirty).map(|(i, t)| (c.node(i).key, t)), Some((3, 0)));
+        assert_eq!(
+            c.tail(ListKind::Dirty).map(|(i, t)| (c.node(i).key, t)),
+            Some((3, 0))
+        );
         c.validate().unwrap();
     }
 

@@ -121,7 +121,10 @@ pub(crate) enum Lookup<V> {
     /// A read is in flight; the waiter was queued on it.
     Joined,
     /// The caller must run (or queue) the read at `loc`.
-    Read { version: u64, loc: DiskLoc },
+    Read {
+        version: u64,
+        loc: DiskLoc,
+    },
 }
 
 /// Configuration the inner state is built from.
@@ -316,7 +319,12 @@ impl<K: Key, V: Spill> Inner<K, V> {
             add(&self.g.len, 1);
         }
         for w in served {
-            w.send(Ok(Some(self.pin_handle(s, idx, version, Arc::clone(&value)))));
+            w.send(Ok(Some(self.pin_handle(
+                s,
+                idx,
+                version,
+                Arc::clone(&value),
+            ))));
         }
         if let Some(key) = job_key {
             self.submit(Priority::Spill, move |me| me.spill(key, version, value));
@@ -669,7 +677,8 @@ impl<K: Key, V: Spill> Inner<K, V> {
                 return;
             };
             let n = core.node_mut(idx);
-            let State::Spilling { value } = std::mem::replace(&mut n.state, State::OnDisk { loc: NO_LOC })
+            let State::Spilling { value } =
+                std::mem::replace(&mut n.state, State::OnDisk { loc: NO_LOC })
             else {
                 unreachable!("only spill jobs move an entry out of Spilling")
             };
@@ -776,7 +785,12 @@ impl<K: Key, V: Spill> Inner<K, V> {
         match res {
             Ok(value) => {
                 for w in waiters {
-                    w.send(Ok(Some(self.pin_handle(s, idx_out, version, Arc::clone(&value)))));
+                    w.send(Ok(Some(self.pin_handle(
+                        s,
+                        idx_out,
+                        version,
+                        Arc::clone(&value),
+                    ))));
                 }
                 drop(value);
                 self.evict_to_target();
@@ -859,7 +873,9 @@ impl<K: Key, V: Spill> Inner<K, V> {
             let moved = self.with_shard(s, |core| {
                 let idx = core.find(&key)?;
                 match &mut core.node_mut(idx).state {
-                    State::Resident { disk: Some(l), .. } | State::OnDisk { loc: l } if *l == old => {
+                    State::Resident { disk: Some(l), .. } | State::OnDisk { loc: l }
+                        if *l == old =>
+                    {
                         *l = new;
                         Some(true)
                     }
@@ -966,11 +982,15 @@ impl<K: Key, V: Spill> Inner<K, V> {
         ];
         for (name, counted, gauge) in checks {
             if counted != gauge {
-                return Err(format!("gauge {name} is {gauge}, entries add up to {counted}"));
+                return Err(format!(
+                    "gauge {name} is {gauge}, entries add up to {counted}"
+                ));
             }
         }
         if spilling != 0 {
-            return Err(format!("{spilling} bytes still spilling with the pool idle"));
+            return Err(format!(
+                "{spilling} bytes still spilling with the pool idle"
+            ));
         }
         self.store.validate()?;
         if disk_records != self.store.disk_count() || disk_sum != self.store.disk_bytes() {

@@ -245,7 +245,10 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
 
     /// Number of live keys.
     pub fn len(&self) -> usize {
-        self.inner().g.len.load(std::sync::atomic::Ordering::Relaxed)
+        self.inner()
+            .g
+            .len
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// True when no key is present.

@@ -156,9 +156,10 @@ mod tests {
         std::fs::create_dir(&dead).unwrap();
         std::fs::write(dead.join("seg-00000000.spill"), b"x").unwrap();
         let mine = SpillDirs::create(&[tmp.path().to_path_buf()]).unwrap();
-        let parent_alive = tmp
-            .path()
-            .join(format!("spillbuffer-{}-0123456789abcdef", std::os::unix::process::parent_id()));
+        let parent_alive = tmp.path().join(format!(
+            "spillbuffer-{}-0123456789abcdef",
+            std::os::unix::process::parent_id()
+        ));
         std::fs::create_dir(&parent_alive).unwrap();
         let unrelated = tmp.path().join("keep-me");
         std::fs::create_dir(&unrelated).unwrap();

@@ -39,7 +39,8 @@ impl Faults {
     /// Make the `n`th write from now (1 = the next one) fail as `kind`.
     pub fn fail_nth_write(&self, n: u64, kind: WriteFault) {
         *self.write_kind.lock() = Some(kind);
-        self.fail_write_at.store(self.writes.load(SeqCst) + n, SeqCst);
+        self.fail_write_at
+            .store(self.writes.load(SeqCst) + n, SeqCst);
     }
 
     /// Make every write fail as `kind` until [`Faults::clear`].
@@ -55,7 +56,8 @@ impl Faults {
 
     /// Make the `n`th file creation from now fail.
     pub fn fail_nth_create(&self, n: u64) {
-        self.fail_create_at.store(self.creates.load(SeqCst) + n, SeqCst);
+        self.fail_create_at
+            .store(self.creates.load(SeqCst) + n, SeqCst);
     }
 
     /// Flip one bit in every buffer read until [`Faults::clear`].

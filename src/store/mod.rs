@@ -281,7 +281,15 @@ impl<K: Clone> Store<K> {
                     seg.writes = 1;
                     g.segs.insert(id, seg);
                     self.file_bytes.fetch_add(len, Relaxed);
-                    return Ok((DiskLoc { seg: id, offset: 0, len }, file, path));
+                    return Ok((
+                        DiskLoc {
+                            seg: id,
+                            offset: 0,
+                            len,
+                        },
+                        file,
+                        path,
+                    ));
                 }
                 g.segs.insert(id, seg);
                 if let Some(old) = g.open[dir].replace(id) {
@@ -439,7 +447,10 @@ impl<K: Clone> Store<K> {
             ));
         }
         if end != self.file_bytes() {
-            return Err(format!("file_bytes {} != segments {end}", self.file_bytes()));
+            return Err(format!(
+                "file_bytes {} != segments {end}",
+                self.file_bytes()
+            ));
         }
         Ok(())
     }
@@ -544,7 +555,10 @@ mod tests {
         let s = store(tmp.path(), 1 << 20, 100);
         s.write(&1, &rec(&[0u8; 40])).unwrap();
         let err = s.write(&2, &rec(&[0u8; 40])).unwrap_err();
-        assert!(matches!(err, Error::DiskBudget { budget: 100, .. }), "{err}");
+        assert!(
+            matches!(err, Error::DiskBudget { budget: 100, .. }),
+            "{err}"
+        );
         assert_eq!(s.disk_count(), 1);
         s.validate().unwrap();
     }
@@ -553,7 +567,9 @@ mod tests {
     fn sparse_sealed_segment_asks_for_compaction() {
         let tmp = tempfile::tempdir().unwrap();
         let s = store(tmp.path(), 200, u64::MAX);
-        let locs: Vec<_> = (0..6).map(|i| s.write(&i, &rec(&[i as u8; 20])).unwrap()).collect();
+        let locs: Vec<_> = (0..6)
+            .map(|i| s.write(&i, &rec(&[i as u8; 20])).unwrap())
+            .collect();
         // 52-byte records: three fit in 200, so locs[0..3] sit in a sealed segment.
         assert!(matches!(s.release(locs[0]), AfterRelease::Nothing));
         match s.release(locs[1]) {

@@ -54,7 +54,10 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 /// Check a header alone and return `(codec, stored_len, raw_len)`.
 pub(crate) fn parse_header(head: &[u8]) -> Result<(Codec, u64, u64), String> {
     if head.len() < HEADER {
-        return Err(format!("record is {} bytes, shorter than its header", head.len()));
+        return Err(format!(
+            "record is {} bytes, shorter than its header",
+            head.len()
+        ));
     }
     if head[0..4] != MAGIC {
         return Err("bad record magic".into());
@@ -66,7 +69,9 @@ pub(crate) fn parse_header(head: &[u8]) -> Result<(Codec, u64, u64), String> {
     let stored = u64_at(head, 8);
     let raw = u64_at(head, 16);
     if codec == Codec::Raw && raw != stored {
-        return Err(format!("raw record with stored_len {stored} != raw_len {raw}"));
+        return Err(format!(
+            "raw record with stored_len {stored} != raw_len {raw}"
+        ));
     }
     // lz4 cannot expand data by more than ~255x; a larger claim would make
     // the reader allocate for a lie.
