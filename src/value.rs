@@ -94,7 +94,7 @@ mod tests {
 
     #[test]
     fn pod_decode_from_unaligned_slice() {
-        let mut bytes = vec![0u8; 17];
+        let mut bytes = [0u8; 17];
         bytes[1..].copy_from_slice(bytemuck::cast_slice(&[3u64, 4u64]));
         assert_eq!(Vec::<u64>::decode(&bytes[1..]).unwrap(), vec![3, 4]);
     }

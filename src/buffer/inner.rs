@@ -572,6 +572,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
         let res = self.write_value(&key, &value);
         Metrics::add_time(&self.metrics.spill_nanos, start.elapsed());
         drop(value);
+        self.queue_compactions();
         match res {
             Ok(loc) => self.spill_done(s, key, version, loc),
             Err(e) => self.spill_failed(s, &key, version, e),
@@ -852,6 +853,12 @@ impl<K: Key, V: Spill> Inner<K, V> {
 
     // ----- compaction ---------------------------------------------------
 
+    fn queue_compactions(&self) {
+        for seg in self.store.take_compaction_requests() {
+            self.submit(Priority::Background, move |me| me.compact(seg));
+        }
+    }
+
     /// Rewrite the live records of sparse segment `seg` elsewhere, then
     /// point their entries at the copies. Readers keep using the old copy
     /// until the switch, and the old file stays open until they are done.
@@ -897,6 +904,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
             }
         }
         self.store.compaction_done(seg);
+        self.queue_compactions();
         if retry {
             self.submit(Priority::Background, move |me| me.compact(seg));
         }

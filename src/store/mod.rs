@@ -82,6 +82,8 @@ struct Segments<K> {
     failed_until: Vec<Option<Instant>>,
     next_dir: usize,
     segs: HashMap<u32, Segment<K>>,
+    /// Sealed while sparse; handed to the buffer to compact.
+    to_compact: Vec<u32>,
 }
 
 /// Settings of the slow tier.
@@ -118,6 +120,7 @@ impl<K: Clone> Store<K> {
                 failed_until: vec![None; n],
                 next_dir: 0,
                 segs: HashMap::new(),
+                to_compact: Vec::new(),
             }),
             reserved: AtomicU64::new(0),
             disk_bytes: AtomicU64::new(0),
@@ -297,6 +300,11 @@ impl<K: Clone> Store<K> {
                         s.sealed = true;
                         if s.is_dead() {
                             dead = g.segs.remove(&old);
+                        } else if self.is_sparse(s) {
+                            // Records died while it was open: no release
+                            // will come to ask for its compaction.
+                            s.compacting = true;
+                            g.to_compact.push(old);
                         }
                     }
                 }
@@ -361,14 +369,24 @@ impl<K: Clone> Store<K> {
             drop(g);
             return AfterRelease::Delete(self.forget(seg));
         }
-        if seg.sealed
-            && !seg.compacting
-            && (seg.live as f64) < self.cfg.compact_below * seg.end as f64
-        {
+        if !seg.compacting && self.is_sparse(seg) {
             seg.compacting = true;
             return AfterRelease::Compact(loc.seg);
         }
         AfterRelease::Nothing
+    }
+
+    fn is_sparse(&self, seg: &Segment<K>) -> bool {
+        seg.sealed && (seg.live as f64) < self.cfg.compact_below * seg.end as f64
+    }
+
+    /// Segments sealed while already sparse, to be compacted.
+    pub(crate) fn take_compaction_requests(&self) -> Vec<u32> {
+        let mut g = self.inner.lock();
+        if g.to_compact.is_empty() {
+            return Vec::new();
+        }
+        std::mem::take(&mut g.to_compact)
     }
 
     /// The live records of a segment being compacted: (location, key).
