@@ -532,11 +532,12 @@ impl<K: Key, V: Spill> Inner<K, V> {
         let _ = rx.await;
     }
 
-    /// No write is in flight and nothing more can be evicted: memory will
-    /// not fall without the host acting (unpinning, removing), so waiting
-    /// on it would never end. Back-pressure is released instead.
+    /// No write is in flight, so memory will not fall without the host
+    /// acting (unpinning, removing): eviction has already queued every
+    /// write it could, and the rest is pinned or failed to spill. Waiting
+    /// would never end, so back-pressure is released instead.
     fn stalled(&self) -> bool {
-        self.g.spilling.load(Relaxed) == 0 && self.over_target() == 0
+        self.g.spilling.load(Relaxed) == 0
     }
 
     fn wake_mem_waiters(&self) {
