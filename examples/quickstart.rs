@@ -11,7 +11,9 @@ const CHUNK_LEN: usize = 1 << 17; // 128 Ki f64 = 1 MiB per chunk
 const TARGET: usize = 64 << 20;
 
 fn chunk(i: u64) -> Vec<f64> {
-    (0..CHUNK_LEN).map(|j| (i as f64) * 1e6 + j as f64).collect()
+    (0..CHUNK_LEN)
+        .map(|j| (i as f64) * 1e6 + j as f64)
+        .collect()
 }
 
 fn print(label: &str, s: &Stats) {
@@ -36,9 +38,8 @@ fn print(label: &str, s: &Stats) {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir();
-    let buf: SpillBuffer<u64, Vec<f64>> = SpillBuffer::builder(&dir)
-        .memory_target(TARGET)
-        .build()?;
+    let buf: SpillBuffer<u64, Vec<f64>> =
+        SpillBuffer::builder(&dir).memory_target(TARGET).build()?;
     println!(
         "spilling {} MiB through a {} MiB target into {}",
         CHUNKS * (CHUNK_LEN as u64 * 8) >> 20,

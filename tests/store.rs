@@ -132,7 +132,10 @@ fn disk_budget_keeps_values_in_memory_and_says_so() {
     b.flush_blocking().unwrap(); // compaction of the emptied segments ends
     assert_eq!(b.stats().disk_count, 0);
     let before = b.stats().spill_count_total;
+    // The refusals started a back-off of target-driven spills; an explicit
+    // evict tries at once.
     b.set_memory_target(0);
+    b.evict(usize::MAX);
     b.flush_blocking().unwrap();
     assert!(b.stats().spill_count_total > before);
     b.validate().unwrap();
@@ -233,9 +236,7 @@ fn failed_writes_keep_values_in_memory_and_retry_later() {
         }
         b.flush_blocking().unwrap();
         let s = b.stats();
-        // Every value's write was tried and failed, some more than once
-        // (each insert retries what is over the target).
-        assert!(s.spill_errors_total >= 10, "{kind:?}: {s:?}");
+        assert!(s.spill_errors_total >= 1, "{kind:?}: {s:?}");
         assert_eq!(s.disk_count, 0);
         assert_eq!(s.memory_count, 10, "values kept in memory");
         assert_eq!(s.spill_budget_refusals_total, 0);

@@ -68,6 +68,7 @@ pub(crate) struct Inner<K, V> {
     mem_waiting: AtomicUsize,
     /// A disk-budget refusal was logged and no spill has succeeded since.
     budget_logged: AtomicBool,
+    backoff: Backoff,
     me: Weak<Inner<K, V>>,
 }
 
@@ -160,6 +161,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
             mem_waiters: Mutex::new(VecDeque::new()),
             mem_waiting: AtomicUsize::new(0),
             budget_logged: AtomicBool::new(false),
+            backoff: Backoff::new(),
             me: me.clone(),
         })
     }
@@ -402,8 +404,9 @@ impl<K: Key, V: Spill> Inner<K, V> {
 
     /// Evict until unpinned resident bytes are within the target.
     pub(crate) fn evict_to_target(&self) {
+        let writes = self.backoff.allows_writes();
         while self.over_target() > 0 {
-            if self.evict_one().is_none() {
+            if self.evict_one(writes).is_none() {
                 break;
             }
         }
@@ -415,7 +418,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
     pub(crate) fn evict_bytes(&self, bytes: usize) -> usize {
         let mut done = 0;
         while done < bytes {
-            match self.evict_one() {
+            match self.evict_one(true) {
                 Some(w) => done += w,
                 None => break,
             }
@@ -425,10 +428,15 @@ impl<K: Key, V: Spill> Inner<K, V> {
     }
 
     /// Evict the least recently used unpinned entry, clean ones first:
-    /// drop it if clean, queue its write if dirty. Returns its weight, or
-    /// `None` when nothing is evictable.
-    fn evict_one(&self) -> Option<usize> {
-        for kind in [ListKind::Clean, ListKind::Dirty] {
+    /// drop it if clean, queue its write if dirty (only if `writes`).
+    /// Returns its weight, or `None` when nothing is evictable.
+    fn evict_one(&self, writes: bool) -> Option<usize> {
+        let kinds: &[ListKind] = if writes {
+            &[ListKind::Clean, ListKind::Dirty]
+        } else {
+            &[ListKind::Clean]
+        };
+        for &kind in kinds {
             let k = kind as usize;
             for attempt in 0.. {
                 // The global LRU entry is the oldest of the shards' tails.
@@ -630,6 +638,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
         Metrics::add(&self.metrics.spill_count, 1);
         Metrics::add(&self.metrics.spilled_bytes, loc.len);
         self.budget_logged.store(false, Relaxed);
+        self.backoff.success();
         let outcome = self.with_shard(s, |core| {
             let idx = core.find_version(&key, version)?;
             let n = core.node_mut(idx);
@@ -664,6 +673,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
 
     fn spill_failed(&self, s: usize, key: &K, version: u64, err: Error) {
         Metrics::add(&self.metrics.spill_errors, 1);
+        self.backoff.failure();
         let budget = matches!(err, Error::DiskBudget { .. });
         if budget {
             Metrics::add(&self.metrics.budget_refusals, 1);
@@ -1021,6 +1031,52 @@ impl<K: Key, V: Spill> Inner<K, V> {
     }
 }
 
+/// After a failed spill, evictions by the target stop queueing writes for a
+/// while (10 ms, doubling on each further failure up to 1 s, reset by a
+/// success): with a broken or full disk, every insert would otherwise
+/// re-encode and re-try every value over the target. Clean evictions go on,
+/// and an explicit `evict` always tries.
+struct Backoff {
+    epoch: Instant,
+    until_ns: AtomicU64,
+    step_ns: AtomicU64,
+}
+
+impl Backoff {
+    const FIRST_NS: u64 = 10_000_000;
+    const MAX_NS: u64 = 1_000_000_000;
+
+    fn new() -> Self {
+        Backoff {
+            epoch: Instant::now(),
+            until_ns: AtomicU64::new(0),
+            step_ns: AtomicU64::new(0),
+        }
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    fn allows_writes(&self) -> bool {
+        let until = self.until_ns.load(Relaxed);
+        until == 0 || self.now_ns() >= until
+    }
+
+    fn failure(&self) {
+        let step = (self.step_ns.load(Relaxed) * 2).clamp(Self::FIRST_NS, Self::MAX_NS);
+        self.step_ns.store(step, Relaxed);
+        self.until_ns.store(self.now_ns() + step, Relaxed);
+    }
+
+    fn success(&self) {
+        if self.until_ns.load(Relaxed) != 0 {
+            self.step_ns.store(0, Relaxed);
+            self.until_ns.store(0, Relaxed);
+        }
+    }
+}
+
 /// Placeholder location used only while a state is being swapped out.
 const NO_LOC: DiskLoc = DiskLoc {
     seg: u32::MAX,
@@ -1096,4 +1152,28 @@ impl<K: Key, V: Spill> PinOwner for Inner<K, V> {
 /// Outcome of waiting on a read, for the blocking and async paths alike.
 pub(crate) fn closed<V>() -> PinResult<V> {
     Err(Error::Closed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Backoff;
+    use std::sync::atomic::Ordering::Relaxed;
+
+    #[test]
+    fn backoff_doubles_caps_and_resets() {
+        let b = Backoff::new();
+        assert!(b.allows_writes());
+        b.failure();
+        assert_eq!(b.step_ns.load(Relaxed), Backoff::FIRST_NS);
+        b.failure();
+        assert_eq!(b.step_ns.load(Relaxed), 2 * Backoff::FIRST_NS);
+        for _ in 0..20 {
+            b.failure();
+        }
+        assert_eq!(b.step_ns.load(Relaxed), Backoff::MAX_NS);
+        assert!(!b.allows_writes(), "within a one-second back-off");
+        b.success();
+        assert!(b.allows_writes());
+        assert_eq!(b.step_ns.load(Relaxed), 0);
+    }
 }
