@@ -42,7 +42,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         SpillBuffer::builder(&dir).memory_target(TARGET).build()?;
     println!(
         "spilling {} MiB through a {} MiB target into {}",
-        CHUNKS * (CHUNK_LEN as u64 * 8) >> 20,
+        (CHUNKS * CHUNK_LEN as u64 * 8) >> 20,
         TARGET >> 20,
         buf.spill_dirs()[0].display()
     );
