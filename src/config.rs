@@ -120,7 +120,10 @@ where
     }
 
     /// A sealed segment whose live bytes fall below this fraction of its
-    /// size is compacted on the IO pool. Defaults to: 0.7, which keeps file
+    /// size is compacted on the IO pool, once the store as a whole holds
+    /// more file space than live bytes / fraction plus the open segments
+    /// (so a host draining its keys in order does not pay for copying
+    /// records that are about to die). Defaults to: 0.7, which keeps file
     /// space within 1/0.7 ≈ 1.43 × live bytes plus the open segments.
     pub fn compact_below(mut self, fraction: f64) -> Self {
         self.compact_below = fraction;

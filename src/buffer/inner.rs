@@ -83,6 +83,13 @@ struct Scratch {
 /// kept for the thread's life.
 const SCRATCH_KEEP: usize = 64 << 20;
 
+/// Values at least this heavy are freed on the IO pool when the caller's
+/// thread would otherwise drop the last handle on them: freeing a large
+/// allocation is a `munmap` (and page-table work proportional to its
+/// size), which a host's event loop should not pay. Smaller values are
+/// freed in place; handing them off would cost more than the free.
+pub(crate) const HEAVY_DROP: usize = 1 << 20;
+
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
@@ -189,7 +196,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
         r
     }
 
-    fn owner(&self) -> Arc<dyn PinOwner> {
+    fn owner(&self) -> Arc<dyn PinOwner<V>> {
         self.me.upgrade().expect("inner is alive while used")
     }
 
@@ -365,10 +372,38 @@ impl<K: Key, V: Spill> Inner<K, V> {
         if let Some(loc) = node.state.disk() {
             self.release(loc);
         }
-        if let State::Unspilling { waiters, .. } = node.state {
-            for w in waiters {
-                w.send(Ok(None));
+        match node.state {
+            State::Unspilling { waiters, .. } => {
+                for w in waiters {
+                    w.send(Ok(None));
+                }
             }
+            State::Resident { value, .. } | State::Spilling { value } => self.drop_value(value),
+            State::OnDisk { .. } => {}
+        }
+    }
+
+    /// Let go of a handle on a value. If it is the last handle, the value
+    /// is heavy and this is not an IO thread, the free happens on the pool
+    /// (see [`HEAVY_DROP`]). Never called under a lock.
+    ///
+    /// The job goes to the demand queue, not the background one: it takes
+    /// well under a millisecond, and memory the gauges already count as
+    /// free is waiting on it. Behind a steady stream of reads a background
+    /// job could wait indefinitely while real memory outgrew the accounting.
+    fn drop_value(&self, value: Arc<V>) {
+        // A count of one cannot rise under us: no other handle exists to
+        // clone from (the crate keeps no `Weak` to values).
+        if Arc::strong_count(&value) == 1
+            && value.weight() >= HEAVY_DROP
+            && !self.pool.on_pool_thread()
+        {
+            // If the pool is shut down the job is dropped here, freeing the
+            // value in place: nothing better is left to do.
+            self.pool
+                .submit(Priority::Demand, Box::new(move || drop(value)));
+        } else {
+            drop(value);
         }
     }
 
@@ -496,7 +531,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
         match taken {
             (w, Err(clean_value)) => {
                 Metrics::add(&self.metrics.clean_evictions, 1);
-                drop(clean_value);
+                self.drop_value(clean_value);
                 Some(w)
             }
             (w, Ok((key, version, value))) => {
@@ -535,6 +570,10 @@ impl<K: Key, V: Spill> Inner<K, V> {
             self.mem_waiting.store(q.len(), SeqCst);
             rx
         };
+        // Pairs with the fence in `wake_mem_waiters`: either a thread
+        // that just freed memory sees this waiter, or the check below sees
+        // the freed memory. (The gauges are relaxed atomics.)
+        std::sync::atomic::fence(SeqCst);
         // Memory may have dropped before the waiter was queued.
         self.wake_mem_waiters();
         let _ = rx.await;
@@ -548,7 +587,11 @@ impl<K: Key, V: Spill> Inner<K, V> {
         self.g.spilling.load(Relaxed) == 0
     }
 
+    /// Resolve the waiting `insert_async` calls, all of them in arrival
+    /// order, if memory is within the limit or cannot fall.
     fn wake_mem_waiters(&self) {
+        // Pairs with the fence in `wait_for_memory`.
+        std::sync::atomic::fence(SeqCst);
         if self.mem_waiting.load(SeqCst) == 0 {
             return;
         }
@@ -702,6 +745,9 @@ impl<K: Key, V: Spill> Inner<K, V> {
                 core.link_front(idx, ListKind::Dirty, tick);
             }
         });
+        // Nothing retries the eviction until the host acts again, so with
+        // no other write in flight memory will not fall: `stalled` then
+        // releases the waiters rather than leave them waiting forever.
         self.wake_mem_waiters();
     }
 
@@ -828,6 +874,13 @@ impl<K: Key, V: Spill> Inner<K, V> {
             let State::OnDisk { loc } = n.state else {
                 return None;
             };
+            // Consumed since its last pin: the host is done with it, and a
+            // hint for it is stale (it was queued before the pin, or the
+            // host re-hints a window it has passed). Reading it back would
+            // be a second read of the same record for nothing.
+            if n.consumed {
+                return None;
+            }
             let w = n.weight;
             // Promise the memory first, so concurrent prefetches cannot
             // together pass the target.
@@ -1084,7 +1137,7 @@ const NO_LOC: DiskLoc = DiskLoc {
     len: 0,
 };
 
-impl<K: Key, V: Spill> PinOwner for Inner<K, V> {
+impl<K: Key, V: Spill> PinOwner<V> for Inner<K, V> {
     fn repin(&self, at: PinAt) {
         self.with_shard(at.shard as usize, |core| {
             if let Some(n) = core.get_version(at.slot, at.version) {
@@ -1095,7 +1148,7 @@ impl<K: Key, V: Spill> PinOwner for Inner<K, V> {
         });
     }
 
-    fn unpin(&self, at: PinAt, consume: bool) {
+    fn unpin(&self, at: PinAt, consume: bool, guard: Arc<V>) {
         let target = self.target();
         let tick = self.next_tick();
         let freed = self.with_shard(at.shard as usize, |core| {
@@ -1141,9 +1194,12 @@ impl<K: Key, V: Spill> PinOwner for Inner<K, V> {
                 _ => None,
             }
         });
+        // The guard's handle goes first, so that the entry's (if freed) is
+        // the last one and the free happens on the pool.
+        self.drop_value(guard);
         if let Some(value) = freed {
             Metrics::add(&self.metrics.clean_evictions, 1);
-            drop(value);
+            self.drop_value(value);
         }
         self.evict_to_target();
     }

@@ -191,7 +191,9 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
     /// Hint that `keys` will be needed soon, in this order. Those on disk
     /// are read back on the IO pool, in order, as long as they fit within
     /// the memory target next to what is resident; a prefetch never evicts
-    /// anything. A `pin` of a key being prefetched joins its read.
+    /// anything. A `pin` of a key being prefetched joins its read. A key
+    /// whose value was [`Pinned::consume`]d since it was last pinned is not
+    /// read back (the host is done with it): pin it to get it again.
     pub fn prefetch(&self, keys: impl IntoIterator<Item = K>) {
         for key in keys {
             self.inner().queue_prefetch(key);

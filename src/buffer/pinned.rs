@@ -17,11 +17,14 @@ pub(crate) struct PinAt {
 }
 
 /// What a pin needs of the buffer, without naming its key type.
-pub(crate) trait PinOwner: Send + Sync + 'static {
+pub(crate) trait PinOwner<V>: Send + Sync {
     /// Add one pin (a clone of a guard).
     fn repin(&self, at: PinAt);
     /// Drop one pin; `consume` marks the entry first in line for eviction.
-    fn unpin(&self, at: PinAt, consume: bool);
+    /// The guard's own handle on the value comes along, so that when it is
+    /// the last one, a heavy value is freed on the IO pool rather than on
+    /// the caller's thread.
+    fn unpin(&self, at: PinAt, consume: bool, value: Arc<V>);
 }
 
 /// The outcome sent to a reader waiting on a disk read.
@@ -54,20 +57,30 @@ impl<V> Waiter<V> {
 /// The guard dereferences to the value. It stays valid even if the key is
 /// removed or replaced meanwhile: it then holds the old value.
 pub struct Pinned<V> {
-    value: Arc<V>,
-    owner: Arc<dyn PinOwner>,
+    /// `Some` for the guard's whole life; taken only when it is released
+    /// (so the owner can decide where the value is freed).
+    value: Option<Arc<V>>,
+    owner: Arc<dyn PinOwner<V>>,
     at: PinAt,
-    released: bool,
 }
 
 impl<V> Pinned<V> {
     /// A guard for a pin already counted on the entry.
-    pub(crate) fn new(value: Arc<V>, owner: Arc<dyn PinOwner>, at: PinAt) -> Self {
+    pub(crate) fn new(value: Arc<V>, owner: Arc<dyn PinOwner<V>>, at: PinAt) -> Self {
         Pinned {
-            value,
+            value: Some(value),
             owner,
             at,
-            released: false,
+        }
+    }
+
+    fn arc(&self) -> &Arc<V> {
+        self.value.as_ref().expect("a live guard holds its value")
+    }
+
+    fn release(&mut self, consume: bool) {
+        if let Some(value) = self.value.take() {
+            self.owner.unpin(self.at, consume, value);
         }
     }
 
@@ -75,13 +88,12 @@ impl<V> Pinned<V> {
     /// first to be evicted. If a valid disk copy exists (the value was read
     /// back from disk) its memory is freed at once, with no write.
     pub fn consume(mut self) {
-        self.released = true;
-        self.owner.unpin(self.at, true);
+        self.release(true);
     }
 
     /// A shared handle on the value itself, which outlives the pin.
     pub fn value(&self) -> &Arc<V> {
-        &self.value
+        self.arc()
     }
 }
 
@@ -89,7 +101,7 @@ impl<V> Deref for Pinned<V> {
     type Target = V;
 
     fn deref(&self) -> &V {
-        &self.value
+        self.arc()
     }
 }
 
@@ -97,24 +109,21 @@ impl<V> Clone for Pinned<V> {
     fn clone(&self) -> Self {
         self.owner.repin(self.at);
         Pinned {
-            value: Arc::clone(&self.value),
+            value: Some(Arc::clone(self.arc())),
             owner: Arc::clone(&self.owner),
             at: self.at,
-            released: false,
         }
     }
 }
 
 impl<V> Drop for Pinned<V> {
     fn drop(&mut self) {
-        if !self.released {
-            self.owner.unpin(self.at, false);
-        }
+        self.release(false);
     }
 }
 
 impl<V: fmt::Debug> fmt::Debug for Pinned<V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("Pinned").field(&*self.value).finish()
+        f.debug_tuple("Pinned").field(&**self).finish()
     }
 }

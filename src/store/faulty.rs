@@ -1,8 +1,9 @@
 //! A [`Storage`] that wraps the real one and misbehaves on request: it fails
 //! the Nth write or read, writes only part of a record before failing,
-//! reports a full disk, or flips a bit in what it reads. Used by the fault
-//! tests and the `faults` fuzz target; public so that hosts can test their
-//! own error handling the same way.
+//! reports a full disk, flips a bit in what it reads, or holds writes and
+//! reads until the test lets them go. Used by the fault tests and the
+//! `faults` fuzz target; public so that hosts can test their own error
+//! handling (and their back-pressure) the same way.
 
 use super::storage::{FsStorage, SegmentFile, Storage};
 use std::io;
@@ -33,6 +34,33 @@ pub struct Faults {
     write_kind: parking_lot::Mutex<Option<WriteFault>>,
     fail_all_writes: AtomicBool,
     flip_reads: AtomicBool,
+    gate: Gate,
+}
+
+/// Holds writes and reads at the storage layer until released, so that a
+/// test can freeze the IO pool at a known point without sleeping.
+#[derive(Debug, Default)]
+struct Gate {
+    /// (hold writes, hold reads, calls now waiting at the gate)
+    state: parking_lot::Mutex<(bool, bool, usize)>,
+    cv: parking_lot::Condvar,
+}
+
+impl Gate {
+    fn pass(&self, write: bool) {
+        let mut g = self.state.lock();
+        let held = |g: &(bool, bool, usize)| if write { g.0 } else { g.1 };
+        if !held(&g) {
+            return;
+        }
+        g.2 += 1;
+        self.cv.notify_all();
+        while held(&g) {
+            self.cv.wait(&mut g);
+        }
+        g.2 -= 1;
+        self.cv.notify_all();
+    }
 }
 
 impl Faults {
@@ -65,13 +93,45 @@ impl Faults {
         self.flip_reads.store(on, SeqCst);
     }
 
-    /// Stop misbehaving.
+    /// While `on`, every write waits (on the IO thread that makes it) until
+    /// a call with `false` lets it and later writes through. Nothing fails;
+    /// the data is written once released. Lets a test keep values in the
+    /// "being written" state for as long as it needs.
+    pub fn hold_writes(&self, on: bool) {
+        self.gate.state.lock().0 = on;
+        self.gate.cv.notify_all();
+    }
+
+    /// While `on`, every read waits until a call with `false` releases it,
+    /// like [`Faults::hold_writes`].
+    pub fn hold_reads(&self, on: bool) {
+        self.gate.state.lock().1 = on;
+        self.gate.cv.notify_all();
+    }
+
+    /// Block the calling thread until at least `n` writes or reads are
+    /// waiting at the hold (see [`Faults::hold_writes`]).
+    pub fn wait_until_held(&self, n: usize) {
+        let mut g = self.gate.state.lock();
+        while g.2 < n {
+            self.gate.cv.wait(&mut g);
+        }
+    }
+
+    /// Writes and reads now waiting at the hold.
+    pub fn held(&self) -> usize {
+        self.gate.state.lock().2
+    }
+
+    /// Stop misbehaving (and release held writes and reads).
     pub fn clear(&self) {
         self.fail_write_at.store(0, SeqCst);
         self.fail_read_at.store(0, SeqCst);
         self.fail_create_at.store(0, SeqCst);
         self.fail_all_writes.store(false, SeqCst);
         self.flip_reads.store(false, SeqCst);
+        self.hold_writes(false);
+        self.hold_reads(false);
     }
 
     /// Writes attempted so far.
@@ -138,6 +198,7 @@ struct FaultyFile {
 
 impl SegmentFile for FaultyFile {
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.faults.gate.pass(true);
         match self.faults.write_fault() {
             None => self.inner.write_all_at(buf, offset),
             Some(WriteFault::Error) => Err(io::Error::other("injected write failure")),
@@ -153,6 +214,7 @@ impl SegmentFile for FaultyFile {
     }
 
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.faults.gate.pass(false);
         let n = self.faults.reads.fetch_add(1, SeqCst) + 1;
         if self.faults.fail_read_at.load(SeqCst) == n {
             return Err(io::Error::other("injected read failure"));

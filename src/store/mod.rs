@@ -66,6 +66,8 @@ struct Segment<K> {
     /// No further records will be appended.
     sealed: bool,
     compacting: bool,
+    /// Waiting in `Segments::deferred`.
+    deferred: bool,
 }
 
 impl<K> Segment<K> {
@@ -82,8 +84,12 @@ struct Segments<K> {
     failed_until: Vec<Option<Instant>>,
     next_dir: usize,
     segs: HashMap<u32, Segment<K>>,
-    /// Sealed while sparse; handed to the buffer to compact.
+    /// Sealed while sparse and the store over its bound; handed to the
+    /// buffer to compact.
     to_compact: Vec<u32>,
+    /// Sealed segments found sparse while the store as a whole was within
+    /// its space bound; compacted later if the bound is passed.
+    deferred: Vec<u32>,
 }
 
 /// Settings of the slow tier.
@@ -121,6 +127,7 @@ impl<K: Clone> Store<K> {
                 next_dir: 0,
                 segs: HashMap::new(),
                 to_compact: Vec::new(),
+                deferred: Vec::new(),
             }),
             reserved: AtomicU64::new(0),
             disk_bytes: AtomicU64::new(0),
@@ -275,6 +282,7 @@ impl<K: Clone> Store<K> {
                 writes: 0,
                 sealed: own_file,
                 compacting: false,
+                deferred: false,
             };
             let mut dead = None;
             {
@@ -303,8 +311,13 @@ impl<K: Clone> Store<K> {
                         } else if self.is_sparse(s) {
                             // Records died while it was open: no release
                             // will come to ask for its compaction.
-                            s.compacting = true;
-                            g.to_compact.push(old);
+                            if self.over_bound() {
+                                s.compacting = true;
+                                g.to_compact.push(old);
+                            } else if !s.deferred {
+                                s.deferred = true;
+                                g.deferred.push(old);
+                            }
                         }
                     }
                 }
@@ -369,11 +382,51 @@ impl<K: Clone> Store<K> {
             drop(g);
             return AfterRelease::Delete(self.forget(seg));
         }
-        if !seg.compacting && self.is_sparse(seg) {
+        let sparse = !seg.compacting && self.is_sparse(seg);
+        // Compaction copies records that may be about to die anyway (a
+        // host draining its keys in order leaves one partly drained
+        // segment at a time, and copying its rest is pure write
+        // amplification). So a sparse segment is compacted only while the
+        // store as a whole passes the bound the builder promises: file
+        // space within live / compact_below plus the open segments. One
+        // found sparse before that is remembered and taken up then.
+        let over_bound = self.over_bound();
+        if sparse && over_bound {
             seg.compacting = true;
             return AfterRelease::Compact(loc.seg);
         }
+        if sparse && !seg.deferred {
+            seg.deferred = true;
+            let Segments { deferred, segs, .. } = &mut *g;
+            deferred.push(loc.seg);
+            // Ids of segments that died while deferred are dropped now and
+            // then, so the list stays within twice the live segments.
+            if deferred.len() > 2 * segs.len() + 16 {
+                deferred.retain(|id| segs.contains_key(id));
+            }
+        }
+        if over_bound {
+            // Each deferred id is popped once: O(1) amortised.
+            while let Some(id) = g.deferred.pop() {
+                let Some(s) = g.segs.get_mut(&id) else {
+                    continue;
+                };
+                s.deferred = false;
+                if !s.compacting && (s.live as f64) < self.cfg.compact_below * s.end as f64 {
+                    s.compacting = true;
+                    return AfterRelease::Compact(id);
+                }
+            }
+        }
         AfterRelease::Nothing
+    }
+
+    /// Does file space pass the bound the builder promises: live bytes /
+    /// `compact_below`, plus one open segment per directory?
+    fn over_bound(&self) -> bool {
+        (self.file_bytes() as f64)
+            > self.disk_bytes() as f64 / self.cfg.compact_below.max(f64::MIN_POSITIVE)
+                + (self.dirs.len() as u64 * self.cfg.segment_size) as f64
     }
 
     fn is_sparse(&self, seg: &Segment<K>) -> bool {
@@ -582,22 +635,31 @@ mod tests {
     }
 
     #[test]
-    fn sparse_sealed_segment_asks_for_compaction() {
+    fn sparse_segment_is_compacted_only_once_the_store_passes_its_bound() {
         let tmp = tempfile::tempdir().unwrap();
         let s = store(tmp.path(), 200, u64::MAX);
-        let locs: Vec<_> = (0..6)
+        // 52-byte records, three to a segment: 0..3, 3..6, 6..9 sealed,
+        // 9..12 in the open segment. File space 624 bytes.
+        let locs: Vec<_> = (0..12)
             .map(|i| s.write(&i, &rec(&[i as u8; 20])).unwrap())
             .collect();
-        // 52-byte records: three fit in 200, so locs[0..3] sit in a sealed segment.
-        assert!(matches!(s.release(locs[0]), AfterRelease::Nothing));
-        match s.release(locs[1]) {
+        assert_eq!(locs[0].seg, locs[2].seg);
+        // Sparse sealed segments, but the store is within live / 0.5 plus
+        // one open segment: nothing is copied (a drain in order).
+        for i in [0, 1, 3, 4, 6, 7] {
+            assert!(matches!(s.release(locs[i]), AfterRelease::Nothing), "{i}");
+        }
+        assert!(matches!(s.release(locs[9]), AfterRelease::Nothing));
+        // Live 208: bound 416 + 200 < 624. A release anywhere now takes up a
+        // deferred sparse segment.
+        match s.release(locs[10]) {
             AfterRelease::Compact(seg) => {
-                assert_eq!(seg, locs[0].seg);
+                assert_eq!(seg, locs[6].seg);
                 let live = s.live_records(seg);
-                assert_eq!(live.len(), 1);
-                assert_eq!(live[0], (locs[2], 2));
+                assert_eq!(live, vec![(locs[8], 8)]);
             }
             _ => panic!("expected a compaction request"),
         }
+        s.validate().unwrap();
     }
 }

@@ -1,0 +1,559 @@
+//! Host-runtime integration (issue 3): pins under memory pressure, clean
+//! copies and `consume`, back-pressure of `insert_async`, prefetch within
+//! the target, heavy values freed off the caller's thread, and an event
+//! loop that keeps ticking while the IO pool is saturated.
+//!
+//! No test sleeps to wait for the buffer: the IO pool is frozen at a known
+//! point with `Faults::hold_writes` / `hold_reads` and released by the test.
+
+mod common;
+
+use common::value;
+use spillbuffer::testing::{FaultyStorage, WriteFault};
+use spillbuffer::{BoxError, Compression, Spill, SpillBuffer};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+type Buf = SpillBuffer<u64, Vec<u8>>;
+
+fn faulty(dir: &std::path::Path, target: usize, threads: usize) -> (Buf, FaultyStorage) {
+    let storage = FaultyStorage::new();
+    let b = SpillBuffer::builder(dir)
+        .memory_target(target)
+        .segment_size(64 * 1024)
+        .io_threads(threads)
+        .storage(Arc::new(storage.clone()))
+        .build()
+        .unwrap();
+    (b, storage)
+}
+
+/// A generous guard against a hang: a correctness bound, not a timing test.
+async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(30), fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not finish within 30 s"))
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn pinned_entries_survive_any_memory_pressure() {
+    let tmp = tempfile::tempdir().unwrap();
+    let b: Buf = SpillBuffer::builder(tmp.path())
+        .memory_target(4000)
+        .segment_size(64 * 1024)
+        .build()
+        .unwrap();
+    // One pin on a dirty value, one on a value read back from disk (clean).
+    b.insert(0, value(0, 1000)).unwrap();
+    let dirty = b.pin(&0).await.unwrap().unwrap();
+    b.insert(1, value(1, 1000)).unwrap();
+    b.evict(1 << 30);
+    b.flush().await.unwrap();
+    let clean = b.pin(&1).await.unwrap().unwrap();
+    for k in 2..200u64 {
+        within("insert_async", b.insert_async(k, value(k, 1000)))
+            .await
+            .unwrap();
+    }
+    b.evict(1 << 30);
+    b.set_memory_target(0);
+    within(
+        "insert_async at a zero target",
+        b.insert_async(500, value(500, 1000)),
+    )
+    .await
+    .unwrap();
+    b.flush().await.unwrap();
+    let s = b.stats();
+    assert_eq!(s.memory_bytes, 2000, "only the pinned values stay: {s:?}");
+    assert_eq!(*dirty, value(0, 1000));
+    assert_eq!(*clean, value(1, 1000));
+    assert!(b.try_pin(&0).is_some() && b.try_pin(&1).is_some());
+    b.validate().unwrap();
+    drop((dirty, clean));
+    b.flush().await.unwrap();
+    assert_eq!(b.stats().memory_bytes, 0);
+    assert_eq!(*b.pin(&0).await.unwrap().unwrap(), value(0, 1000));
+    b.validate().unwrap();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn consume_of_a_clean_entry_frees_memory_without_a_write() {
+    let tmp = tempfile::tempdir().unwrap();
+    let b: Buf = SpillBuffer::builder(tmp.path())
+        .memory_target(64 << 20)
+        .build()
+        .unwrap();
+    let big = value(7, 2 << 20);
+    b.insert(7, big.clone()).unwrap();
+    b.evict(1);
+    b.flush().await.unwrap();
+    let s0 = b.stats();
+    assert_eq!(
+        (s0.memory_bytes, s0.spill_count_total, s0.disk_count),
+        (0, 1, 1)
+    );
+
+    let p = b.pin(&7).await.unwrap().unwrap();
+    assert_eq!(*p, big);
+    assert_eq!(b.stats().memory_bytes, 2 << 20);
+    p.consume();
+    let s = b.stats();
+    assert_eq!(s.memory_bytes, 0, "freed at once: {s:?}");
+    assert_eq!(s.spill_count_total, 1, "no write: {s:?}");
+    assert_eq!(s.clean_evictions_total, 1, "{s:?}");
+    assert_eq!(s.disk_count, 1, "the record is kept: {s:?}");
+    assert!(b.contains_key(&7));
+
+    // Read back again and merely unpinned: it stays, clean, and a later
+    // eviction needs no write either.
+    drop(b.pin(&7).await.unwrap().unwrap());
+    assert_eq!(b.stats().memory_bytes, 2 << 20);
+    assert_eq!(b.evict(1), 2 << 20);
+    b.flush().await.unwrap();
+    let s = b.stats();
+    assert_eq!(
+        (s.memory_bytes, s.spill_count_total, s.clean_evictions_total),
+        (0, 1, 2),
+        "{s:?}"
+    );
+    assert_eq!(s.unspill_count_total, 2);
+    b.validate().unwrap();
+
+    // The record goes only when the key is overwritten or removed.
+    drop(b.pin(&7).await.unwrap().unwrap());
+    b.insert(7, value(8, 1000)).unwrap();
+    b.flush().await.unwrap();
+    assert_eq!(b.stats().disk_count, 0, "overwrite released the record");
+    assert_eq!(*b.pin(&7).await.unwrap().unwrap(), value(8, 1000));
+    b.insert(9, value(9, 1000)).unwrap();
+    b.evict(1 << 30);
+    b.flush().await.unwrap();
+    assert_eq!(b.stats().disk_count, 2);
+    assert!(b.remove(&9));
+    assert!(b.remove(&7));
+    b.flush().await.unwrap();
+    assert_eq!(b.stats().disk_count, 0, "remove released the records");
+    b.validate().unwrap();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn insert_async_waits_for_writes_and_wakes_in_fifo_order() {
+    let tmp = tempfile::tempdir().unwrap();
+    let limit = 4000;
+    let (b, storage) = faulty(tmp.path(), limit, 2);
+    let faults = storage.faults();
+    for k in 0..4u64 {
+        b.insert_async(k, value(k, 1000)).await.unwrap(); // at the limit: no wait
+    }
+    faults.hold_writes(true);
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for k in 10..14u64 {
+        let (b, order) = (b.clone(), Arc::clone(&order));
+        tasks.push(tokio::spawn(async move {
+            b.insert_async(k, value(k, 1000)).await.unwrap();
+            let mem = b.stats().memory_bytes;
+            order.lock().unwrap().push(k);
+            mem
+        }));
+        // Let this task insert and queue before the next one arrives.
+        tokio::task::yield_now().await;
+    }
+    // Both IO threads are stuck in a write; the evicted values are still
+    // in memory (being written), so every waiter must still be waiting.
+    faults.wait_until_held(2);
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    let s = b.stats();
+    assert_eq!(s.memory_bytes, 8000, "{s:?}");
+    assert_eq!(s.spilling_bytes, 4000, "{s:?}");
+    assert!(order.lock().unwrap().is_empty(), "resolved over the limit");
+    assert!(tasks.iter().all(|t| !t.is_finished()));
+
+    faults.hold_writes(false);
+    for t in tasks {
+        let mem = within("insert_async after release", t).await.unwrap();
+        assert!(mem <= limit as u64, "resolved with {mem} bytes resident");
+    }
+    assert_eq!(*order.lock().unwrap(), vec![10, 11, 12, 13], "FIFO");
+    b.flush().await.unwrap();
+    b.validate().unwrap();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn insert_async_is_released_when_memory_cannot_fall() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (b, storage) = faulty(tmp.path(), 2000, 2);
+    // Every resident value pinned: nothing can be evicted.
+    let mut pins = Vec::new();
+    for k in 0..3u64 {
+        b.insert(k, value(k, 1000)).unwrap();
+        pins.push(b.try_pin(&k).unwrap());
+    }
+    within(
+        "insert_async with all pinned",
+        b.insert_async(3, value(3, 1000)),
+    )
+    .await
+    .unwrap();
+    drop(pins);
+    b.flush().await.unwrap();
+    // Every write failing: the values stay in memory, and waiting would
+    // never end.
+    storage.faults().fail_all_writes(WriteFault::Error);
+    for k in 10..15u64 {
+        within(
+            "insert_async with writes failing",
+            b.insert_async(k, value(k, 1000)),
+        )
+        .await
+        .unwrap();
+    }
+    b.flush().await.unwrap();
+    assert!(b.stats().spill_errors_total > 0);
+    storage.faults().clear();
+    for k in 10..15u64 {
+        assert_eq!(*b.pin(&k).await.unwrap().unwrap(), value(k, 1000));
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn prefetch_reads_in_order_within_the_target_and_never_evicts() {
+    let tmp = tempfile::tempdir().unwrap();
+    // One IO thread: prefetch jobs then run strictly in the order given.
+    let (b, _storage) = faulty(tmp.path(), 10_000, 1);
+    for k in 0..30u64 {
+        b.insert(k, value(k, 1000)).unwrap();
+    }
+    b.flush().await.unwrap();
+    for k in 25..30u64 {
+        b.remove(&k);
+    }
+    // Resident: 20..25 (dirty), one of them pinned. Room within the target:
+    // 10_000 - 4000 unpinned = six values.
+    let pin = b.try_pin(&20).unwrap();
+    let before = b.stats();
+    assert_eq!(before.memory_bytes, 5000);
+    let hinted = [3u64, 1, 7, 2, 9, 0, 4, 5, 6, 8];
+    b.prefetch(hinted);
+    b.flush().await.unwrap();
+    let s = b.stats();
+    assert_eq!(s.unspill_count_total, 6, "{s:?}");
+    assert_eq!(
+        s.memory_bytes - 1000,
+        10_000,
+        "unpinned at the target: {s:?}"
+    );
+    assert_eq!(s.clean_evictions_total, 0, "nothing evicted: {s:?}");
+    assert_eq!(s.spill_count_total, before.spill_count_total, "{s:?}");
+    // A full buffer takes no more hints.
+    b.prefetch([10u64, 11]);
+    b.flush().await.unwrap();
+    assert_eq!(b.stats().unspill_count_total, 6);
+    b.validate().unwrap();
+    // Peek without disturbing: the first six hinted keys, in order, are in
+    // memory; the rest and the more recently used entries are as before.
+    for k in hinted.iter().take(6).chain(&[20, 21, 22, 23, 24]) {
+        assert!(b.try_pin(k).is_some(), "key {k} should be resident");
+    }
+    for k in hinted.iter().skip(6).chain(&[10, 11]) {
+        assert!(b.try_pin(k).is_none(), "key {k} should not be resident");
+    }
+    drop(pin);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn prefetch_never_exceeds_the_target_while_reading() {
+    let tmp = tempfile::tempdir().unwrap();
+    let target = 20 * 1000;
+    let (b, storage) = faulty(tmp.path(), target, 2);
+    for k in 0..100u64 {
+        b.insert(k, value(k, 1000)).unwrap();
+    }
+    b.evict(1 << 30);
+    b.flush().await.unwrap();
+    // Freeze the reads so that every reservation is taken before any lands.
+    storage.faults().hold_reads(true);
+    b.prefetch(0..100u64);
+    storage.faults().wait_until_held(2);
+    storage.faults().hold_reads(false);
+    b.flush().await.unwrap();
+    let s = b.stats();
+    assert_eq!(s.memory_bytes, target as u64, "{s:?}");
+    assert_eq!(s.unspill_count_total, 20, "{s:?}");
+    b.validate().unwrap();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn pin_of_a_key_being_prefetched_joins_its_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (b, storage) = faulty(tmp.path(), 1 << 20, 2);
+    b.insert(1, value(1, 50_000)).unwrap();
+    b.evict(1);
+    b.flush().await.unwrap();
+    let faults = storage.faults();
+    faults.hold_reads(true);
+    b.prefetch([1u64]);
+    faults.wait_until_held(1); // the prefetch read is in flight
+    let (b2, b3) = (b.clone(), b.clone());
+    let p1 = tokio::spawn(async move { b2.pin(&1).await });
+    let p2 = tokio::spawn(async move { b3.pin(&1).await });
+    for _ in 0..5 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!p1.is_finished() && !p2.is_finished());
+    faults.hold_reads(false);
+    let (p1, p2) = (
+        within("pin", p1).await.unwrap().unwrap().unwrap(),
+        within("pin", p2).await.unwrap().unwrap().unwrap(),
+    );
+    assert_eq!(*p1, value(1, 50_000));
+    assert_eq!(*p2, value(1, 50_000));
+    let s = b.stats();
+    assert_eq!(s.unspill_count_total, 1, "one shared read: {s:?}");
+    assert_eq!(faults.reads(), 1);
+    drop((p1, p2));
+    b.flush().await.unwrap();
+    b.validate().unwrap();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn prefetch_skips_a_value_consumed_since_its_last_pin() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (b, _storage) = faulty(tmp.path(), 1 << 20, 1);
+    for k in 0..2u64 {
+        b.insert(k, value(k, 1000)).unwrap();
+    }
+    b.evict(1 << 30);
+    b.flush().await.unwrap();
+    // A stale hint: the host already read and consumed key 0.
+    b.pin(&0).await.unwrap().unwrap().consume();
+    b.prefetch([0u64, 1]);
+    b.flush().await.unwrap();
+    let s = b.stats();
+    assert_eq!(
+        s.unspill_count_total, 2,
+        "0 once by pin, 1 by prefetch: {s:?}"
+    );
+    assert_eq!(s.memory_bytes, 1000, "{s:?}");
+    // Pinned again, it is an ordinary key once more.
+    drop(b.pin(&0).await.unwrap().unwrap());
+    b.evict(1 << 30);
+    b.prefetch([0u64]);
+    b.flush().await.unwrap();
+    assert_eq!(b.stats().unspill_count_total, 4);
+    b.validate().unwrap();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn draining_keys_in_order_copies_no_record() {
+    let tmp = tempfile::tempdir().unwrap();
+    let b = common::buffer(tmp.path(), 0); // 64 KiB segments
+    for k in 0..200u64 {
+        b.insert(k, value(k, 4000)).unwrap();
+    }
+    b.flush().await.unwrap();
+    let written = b.stats().spilled_bytes_total;
+    // The reduction pattern: read, consume, and remove a few keys later.
+    for k in 0..200u64 {
+        let p = b.pin(&k).await.unwrap().unwrap();
+        assert_eq!(*p, value(k, 4000));
+        p.consume();
+        if k >= 8 {
+            b.remove(&(k - 8));
+        }
+        b.flush().await.unwrap(); // let any compaction run
+    }
+    for k in 192..200u64 {
+        b.remove(&k);
+    }
+    b.flush().await.unwrap();
+    let s = b.stats();
+    assert_eq!(s.compacted_count_total, 0, "records copied: {s:?}");
+    assert_eq!(s.spilled_bytes_total, written, "{s:?}");
+    assert!(s.file_bytes <= 64 * 1024, "at most one open segment: {s:?}");
+    b.validate().unwrap();
+}
+
+#[test]
+fn compaction_keeps_file_space_within_its_bound() {
+    let tmp = tempfile::tempdir().unwrap();
+    let b = common::buffer(tmp.path(), 0); // 64 KiB segments, compact below 0.7
+    for k in 0..400u64 {
+        b.insert(k, value(k, 4000)).unwrap();
+    }
+    b.flush_blocking().unwrap();
+    // Remove two keys in three, spread over every segment.
+    for k in (0..400u64).filter(|k| k % 3 != 0) {
+        b.remove(&k);
+    }
+    b.flush_blocking().unwrap();
+    let s = b.stats();
+    assert!(s.compacted_count_total > 0, "{s:?}");
+    assert!(
+        s.file_bytes as f64 <= s.disk_bytes as f64 / 0.7 + 64.0 * 1024.0,
+        "file space past its bound: {s:?}"
+    );
+    for k in (0..400u64).filter(|k| k % 3 == 0) {
+        assert_eq!(*b.get(&k).unwrap().unwrap(), value(k, 4000));
+    }
+    b.validate().unwrap();
+}
+
+// ----- where heavy values are freed ---------------------------------------
+
+/// Which thread dropped each probe, by probe id.
+static DROPS: Mutex<Vec<(u64, String)>> = Mutex::new(Vec::new());
+
+/// A value that claims to weigh 2 MiB and records the thread it dies on.
+#[derive(Debug, PartialEq)]
+struct Probe(u64);
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        let t = std::thread::current();
+        DROPS
+            .lock()
+            .unwrap()
+            .push((self.0, t.name().unwrap_or("?").to_string()));
+    }
+}
+
+impl Spill for Probe {
+    fn weight(&self) -> usize {
+        2 << 20
+    }
+    fn encode(&self, out: &mut Vec<u8>) -> Result<(), BoxError> {
+        out.extend_from_slice(&self.0.to_le_bytes());
+        Ok(())
+    }
+    fn decode(bytes: &[u8]) -> Result<Self, BoxError> {
+        Ok(Probe(u64::from_le_bytes(bytes.try_into()?)))
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn heavy_values_are_freed_on_the_io_pool() {
+    let tmp = tempfile::tempdir().unwrap();
+    let b: SpillBuffer<u64, Probe> = SpillBuffer::builder(tmp.path())
+        .memory_target(64 << 20)
+        .compression(Compression::None)
+        .build()
+        .unwrap();
+    // remove of a resident value
+    b.insert(1, Probe(1)).unwrap();
+    b.remove(&1);
+    // replace
+    b.insert(2, Probe(2)).unwrap();
+    b.insert(2, Probe(1002)).unwrap();
+    // consume of a clean value
+    b.insert(3, Probe(3)).unwrap();
+    b.evict(1 << 30);
+    b.flush().await.unwrap();
+    b.pin(&3).await.unwrap().unwrap().consume();
+    // clean eviction from the caller's thread
+    drop(b.pin(&3).await.unwrap().unwrap());
+    b.evict(1 << 30);
+    // the last pin of a removed value
+    b.insert(5, Probe(5)).unwrap();
+    let p = b.pin(&5).await.unwrap().unwrap();
+    b.remove(&5);
+    drop(p);
+    b.flush().await.unwrap();
+
+    let me = std::thread::current().name().unwrap_or("?").to_string();
+    let drops = DROPS.lock().unwrap().clone();
+    for id in [1, 2, 3, 5] {
+        let seen: Vec<_> = drops.iter().filter(|(i, _)| *i == id).collect();
+        assert!(!seen.is_empty(), "probe {id} was never dropped");
+        for (_, thread) in seen {
+            assert!(
+                thread.starts_with("spillbuffer-io"),
+                "probe {id} freed on {thread:?} (the caller is {me:?})"
+            );
+        }
+    }
+}
+
+// ----- the event loop keeps ticking ---------------------------------------
+
+#[test]
+fn ticker_stays_on_time_while_the_pool_is_saturated() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let tmp = tempfile::tempdir().unwrap();
+        let chunk = 1 << 20;
+        let b: Buf = SpillBuffer::builder(tmp.path())
+            .memory_target(8 * chunk)
+            .compression(Compression::None)
+            .build()
+            .unwrap();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ticker = {
+            let stop = Arc::clone(&stop);
+            tokio::spawn(async move {
+                let mut worst = Duration::ZERO;
+                let mut ticks = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let due = Instant::now() + Duration::from_millis(1);
+                    tokio::time::sleep_until(due.into()).await;
+                    worst = worst.max(Instant::now() - due);
+                    ticks += 1;
+                }
+                (worst, ticks)
+            })
+        };
+        // Writes: far more than the target, through the back-pressure path.
+        let n = 192u64;
+        for k in 0..n {
+            b.insert_async(k, vec![k as u8; chunk]).await.unwrap();
+        }
+        // Reads and writes at once: pin and consume everything, four pins
+        // in flight, while another thread keeps inserting.
+        let writer = {
+            let b = b.clone();
+            std::thread::spawn(move || {
+                for k in 1000..1128u64 {
+                    b.insert(k, vec![k as u8; chunk]).unwrap();
+                }
+            })
+        };
+        let mut inflight = std::collections::VecDeque::new();
+        for k in 0..n {
+            let b2 = b.clone();
+            inflight.push_back(tokio::spawn(async move { b2.pin(&k).await }));
+            if inflight.len() >= 4 {
+                let p = inflight.pop_front().unwrap().await.unwrap().unwrap();
+                p.expect("present").consume();
+            }
+        }
+        for h in inflight {
+            h.await.unwrap().unwrap().expect("present").consume();
+        }
+        // Not a blocking join: that would stall the loop on the test itself.
+        while !writer.is_finished() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        writer.join().unwrap();
+        b.flush().await.unwrap();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let (worst, ticks) = ticker.await.unwrap();
+        let s = b.stats();
+        assert!(
+            s.unspill_count_total > 0 && s.spill_count_total > 0,
+            "{s:?}"
+        );
+        assert!(ticks > 0);
+        // A correctness bound, not a benchmark: nothing on the loop waited
+        // for disk.
+        assert!(
+            worst < Duration::from_millis(200),
+            "ticker late by {worst:?}"
+        );
+    });
+}
