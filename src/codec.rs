@@ -84,6 +84,19 @@ pub(crate) fn decompress_into(
     Ok(())
 }
 
+/// Decompress `stored` (an lz4 block) into exactly all of `out`.
+pub(crate) fn decompress_exact(stored: &[u8], out: &mut [u8]) -> Result<(), String> {
+    let n = lz4_flex::block::decompress_into(stored, out)
+        .map_err(|e| format!("lz4 decompression failed: {e}"))?;
+    if n != out.len() {
+        return Err(format!(
+            "lz4 block decompressed to {n} bytes, header says {}",
+            out.len()
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,9 +4,10 @@
 //! each core behind its shard's mutex. Kept apart so that it can be tested
 //! and validated on its own.
 
+use crate::buffer::hash::KeyHash;
 use crate::buffer::pinned::Waiter;
 use crate::store::DiskLoc;
-use std::collections::HashMap;
+use hashbrown::HashTable;
 use std::hash::Hash;
 use std::sync::Arc;
 
@@ -119,16 +120,27 @@ struct List {
 }
 
 pub(crate) struct Core<K, V> {
-    map: HashMap<K, u32>,
+    /// Slots of the live nodes, found by key hash. The key itself lives in
+    /// the node only: 4 bytes a bucket rather than a copy of the key.
+    map: HashTable<u32>,
+    hash: KeyHash,
     slab: Vec<Option<Node<K, V>>>,
     free: Vec<u32>,
     lists: [List; 2],
 }
 
 impl<K: Hash + Eq + Clone, V> Core<K, V> {
+    #[cfg(test)]
     pub(crate) fn new() -> Self {
+        Self::with_hash(KeyHash::new())
+    }
+
+    /// A core whose table hashes keys with `hash` (the buffer's, so that a
+    /// key is hashed once for its shard and its slot).
+    pub(crate) fn with_hash(hash: KeyHash) -> Self {
         Core {
-            map: HashMap::new(),
+            map: HashTable::new(),
+            hash,
             slab: Vec::new(),
             free: Vec::new(),
             lists: [List {
@@ -139,11 +151,21 @@ impl<K: Hash + Eq + Clone, V> Core<K, V> {
     }
 
     pub(crate) fn find(&self, key: &K) -> Option<u32> {
-        self.map.get(key).copied()
+        self.find_hashed(self.hash.of(key), key)
+    }
+
+    /// [`Core::find`] for a key whose hash the caller already has.
+    pub(crate) fn find_hashed(&self, hash: u64, key: &K) -> Option<u32> {
+        let slab = &self.slab;
+        self.map
+            .find(hash, |&i| {
+                slab[i as usize].as_ref().is_some_and(|n| n.key == *key)
+            })
+            .copied()
     }
 
     pub(crate) fn contains(&self, key: &K) -> bool {
-        self.map.contains_key(key)
+        self.find(key).is_some()
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -173,7 +195,11 @@ impl<K: Hash + Eq + Clone, V> Core<K, V> {
 
     /// Add a node for a key that is not present. Returns its slot.
     pub(crate) fn insert(&mut self, node: Node<K, V>) -> u32 {
-        let key = node.key.clone();
+        let hash = self.hash.of(&node.key);
+        debug_assert!(
+            self.find_hashed(hash, &node.key).is_none(),
+            "insert of a present key"
+        );
         let idx = match self.free.pop() {
             Some(i) => {
                 self.slab[i as usize] = Some(node);
@@ -184,16 +210,24 @@ impl<K: Hash + Eq + Clone, V> Core<K, V> {
                 (self.slab.len() - 1) as u32
             }
         };
-        let old = self.map.insert(key, idx);
-        debug_assert!(old.is_none(), "insert of a present key");
+        let Core {
+            map, slab, hash: h, ..
+        } = self;
+        map.insert_unique(hash, idx, |&i| {
+            h.of(&slab[i as usize].as_ref().expect("live slot").key)
+        });
         idx
     }
 
     /// Take a node out entirely.
     pub(crate) fn remove(&mut self, idx: u32) -> Node<K, V> {
         self.unlink(idx);
+        let hash = self.hash.of(&self.node(idx).key);
+        match self.map.find_entry(hash, |&i| i == idx) {
+            Ok(slot) => drop(slot.remove()),
+            Err(_) => debug_assert!(false, "live slot {idx} missing from the table"),
+        }
         let node = self.slab[idx as usize].take().expect("live slot");
-        self.map.remove(&node.key);
         self.free.push(idx);
         node
     }
@@ -323,7 +357,7 @@ impl<K: Hash + Eq + Clone, V> Core<K, V> {
             }
         }
         for (i, n) in self.nodes() {
-            if self.map.get(&n.key) != Some(&i) {
+            if self.find(&n.key) != Some(i) {
                 return Err(format!("slot {i} is not the map's slot for its key"));
             }
             if n.list != n.wanted_list() {

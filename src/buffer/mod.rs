@@ -3,6 +3,7 @@
 //! pool. [`Pinned`] guards live in [`pinned`].
 
 pub(crate) mod core;
+pub(crate) mod hash;
 pub(crate) mod inner;
 pub(crate) mod pinned;
 

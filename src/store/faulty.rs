@@ -213,6 +213,11 @@ impl SegmentFile for FaultyFile {
         }
     }
 
+    /// A record written in pieces counts, and fails, as one write.
+    fn write_pieces_at(&self, pieces: &[&[u8]], offset: u64) -> io::Result<()> {
+        self.write_all_at(&pieces.concat(), offset)
+    }
+
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.faults.gate.pass(false);
         let n = self.faults.reads.fetch_add(1, SeqCst) + 1;

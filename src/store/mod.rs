@@ -136,6 +136,10 @@ impl<K: Clone> Store<K> {
         }
     }
 
+    pub(crate) fn segment_size(&self) -> u64 {
+        self.cfg.segment_size
+    }
+
     pub(crate) fn disk_bytes(&self) -> u64 {
         self.disk_bytes.load(Relaxed)
     }
@@ -187,7 +191,39 @@ impl<K: Clone> Store<K> {
 
     /// Append one sealed record for `key`. Runs on the IO pool.
     pub(crate) fn write(&self, key: &K, record: &[u8]) -> Result<DiskLoc> {
-        let len = record.len() as u64;
+        self.write_pieces(key, &[record])
+    }
+
+    /// Append one sealed record given in pieces (header, then payload) that
+    /// are written one after another. Runs on the IO pool.
+    pub(crate) fn write_pieces(&self, key: &K, pieces: &[&[u8]]) -> Result<DiskLoc> {
+        let len = pieces.iter().map(|p| p.len() as u64).sum::<u64>();
+        let locs = self.write_records(pieces, &[(key, len)])?;
+        Ok(locs[0])
+    }
+
+    /// Append sealed records laid back to back in `pieces` (written one
+    /// after another, with one call per piece): `records` gives each one's
+    /// key and length, in order. All are written or none. Runs on the IO
+    /// pool.
+    pub(crate) fn write_records(
+        &self,
+        pieces: &[&[u8]],
+        records: &[(&K, u64)],
+    ) -> Result<Vec<DiskLoc>> {
+        self.write_records_with(records, |file, offset| file.write_pieces_at(pieces, offset))
+    }
+
+    /// Append records of the given keys and lengths, laid back to back,
+    /// whose bytes `write` puts into the file from the offset it is given
+    /// (in whatever order and calls it likes). All are written or none.
+    /// Runs on the IO pool.
+    pub(crate) fn write_records_with(
+        &self,
+        records: &[(&K, u64)],
+        write: impl FnOnce(&dyn SegmentFile, u64) -> std::io::Result<()>,
+    ) -> Result<Vec<DiskLoc>> {
+        let len = records.iter().map(|r| r.1).sum::<u64>();
         self.reserve(len)?;
         let (loc, file, path) = match self.allocate(len) {
             Ok(a) => a,
@@ -196,7 +232,17 @@ impl<K: Clone> Store<K> {
                 return Err(e);
             }
         };
-        let res = file.write_all_at(record, loc.offset);
+        let res = write(&*file, loc.offset);
+        let mut locs = Vec::with_capacity(records.len());
+        let mut at = loc.offset;
+        for &(_, rlen) in records {
+            locs.push(DiskLoc {
+                seg: loc.seg,
+                offset: at,
+                len: rlen,
+            });
+            at += rlen;
+        }
         let mut dead = None;
         {
             let mut g = self.inner.lock();
@@ -208,7 +254,9 @@ impl<K: Clone> Store<K> {
                 match &res {
                     Ok(()) => {
                         seg.live += len;
-                        seg.records.insert(loc.offset, (len, key.clone()));
+                        for (l, &(key, _)) in locs.iter().zip(records) {
+                            seg.records.insert(l.offset, (l.len, key.clone()));
+                        }
                     }
                     Err(_) => {
                         // The range stays allocated as dead bytes: nothing
@@ -227,8 +275,8 @@ impl<K: Clone> Store<K> {
         match res {
             Ok(()) => {
                 self.disk_bytes.fetch_add(len, Relaxed);
-                self.disk_count.fetch_add(1, Relaxed);
-                Ok(loc)
+                self.disk_count.fetch_add(records.len() as u64, Relaxed);
+                Ok(locs)
             }
             Err(e) => {
                 self.reserved.fetch_sub(len, Relaxed);
@@ -331,19 +379,7 @@ impl<K: Clone> Store<K> {
     /// Read the whole record at `loc` into `buf` (resized to fit). Returns
     /// the path of its file, for error messages.
     pub(crate) fn read(&self, loc: DiskLoc, buf: &mut Vec<u8>) -> Result<PathBuf> {
-        let (file, path) = {
-            let g = self.inner.lock();
-            match g.segs.get(&loc.seg) {
-                Some(s) => (Arc::clone(&s.file), s.path.clone()),
-                None => {
-                    return Err(Error::io(
-                        "read record",
-                        self.dirs[0].join(segment_name(loc.seg)),
-                        std::io::Error::new(std::io::ErrorKind::NotFound, "segment released"),
-                    ))
-                }
-            }
-        };
+        let (file, path) = self.file(loc)?;
         let len = usize::try_from(loc.len).map_err(|_| {
             Error::io(
                 "read record",
@@ -351,16 +387,30 @@ impl<K: Clone> Store<K> {
                 std::io::Error::other("record larger than the address space"),
             )
         })?;
-        buf.clear();
-        buf.reserve(len);
         // Avoid zero-filling a buffer that is about to be overwritten: only
         // grow the initialised length when it is too short.
-        if buf.capacity() >= len {
+        if buf.len() < len {
             buf.resize(len, 0);
         }
+        buf.truncate(len);
         file.read_exact_at(&mut buf[..len], loc.offset)
             .map_err(|e| Error::io("read record", path.clone(), e))?;
         Ok(path)
+    }
+
+    /// The open file holding `loc`, and its path, for a reader that reads
+    /// the record piece by piece. The handle keeps the file readable even
+    /// if the segment is released meanwhile.
+    pub(crate) fn file(&self, loc: DiskLoc) -> Result<(Arc<dyn SegmentFile>, PathBuf)> {
+        let g = self.inner.lock();
+        match g.segs.get(&loc.seg) {
+            Some(s) => Ok((Arc::clone(&s.file), s.path.clone())),
+            None => Err(Error::io(
+                "read record",
+                self.dirs[0].join(segment_name(loc.seg)),
+                std::io::Error::new(std::io::ErrorKind::NotFound, "segment released"),
+            )),
+        }
     }
 
     /// The record at `loc` is dead (removed, replaced or moved). O(1); may
@@ -538,7 +588,7 @@ fn pick_dir<K>(g: &mut Segments<K>) -> usize {
     let now = Instant::now();
     for i in 0..n {
         let d = (g.next_dir + i) % n;
-        if g.failed_until[d].is_none_or(|t| t <= now) {
+        if g.failed_until[d].map_or(true, |t| t <= now) {
             g.failed_until[d] = None;
             g.next_dir = (d + 1) % n;
             return d;

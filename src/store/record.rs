@@ -29,14 +29,39 @@ pub(crate) struct Record<'a> {
 /// Fill the header in `buf[..HEADER]` for the payload in `buf[HEADER..]`.
 pub(crate) fn seal(buf: &mut [u8], codec: Codec, raw_len: u64) {
     let (head, payload) = buf.split_at_mut(HEADER);
+    seal_header(head, codec, payload, raw_len);
+}
+
+/// Fill the header `head` for `payload`, which is written after it but
+/// lives elsewhere in memory (a value written from its own memory).
+pub(crate) fn seal_header(head: &mut [u8], codec: Codec, payload: &[u8], raw_len: u64) {
+    let crc = crc32fast::hash(payload);
+    seal_header_crc(head, codec, payload.len() as u64, raw_len, crc);
+}
+
+/// Fill the header `head` for a payload of `stored_len` bytes whose
+/// checksum the caller computed (piece by piece, as it wrote them).
+pub(crate) fn seal_header_crc(
+    head: &mut [u8],
+    codec: Codec,
+    stored_len: u64,
+    raw_len: u64,
+    payload_crc: u32,
+) {
     head[0..4].copy_from_slice(&MAGIC);
     head[4] = codec as u8;
     head[5..8].fill(0);
-    head[8..16].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+    head[8..16].copy_from_slice(&stored_len.to_le_bytes());
     head[16..24].copy_from_slice(&raw_len.to_le_bytes());
-    head[24..28].copy_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    head[24..28].copy_from_slice(&payload_crc.to_le_bytes());
     let hcrc = crc32fast::hash(&head[..28]);
     head[28..32].copy_from_slice(&hcrc.to_le_bytes());
+}
+
+/// The payload checksum a verified header carries, for a reader that
+/// checks the payload piece by piece.
+pub(crate) fn payload_crc(head: &[u8]) -> u32 {
+    u32_at(head, 24)
 }
 
 fn u64_at(b: &[u8], at: usize) -> u64 {
@@ -141,6 +166,15 @@ mod tests {
         let mut longer = buf.clone();
         longer.push(0);
         assert!(open(&longer).is_err());
+    }
+
+    #[test]
+    fn header_sealed_apart_matches_a_whole_record() {
+        let whole = record(b"split payload", Codec::Raw, 13);
+        let mut head = [0u8; HEADER];
+        seal_header(&mut head, Codec::Raw, b"split payload", 13);
+        assert_eq!(&whole[..HEADER], &head);
+        assert_eq!(payload_crc(&head), crc32fast::hash(b"split payload"));
     }
 
     #[test]

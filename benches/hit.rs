@@ -1,0 +1,88 @@
+//! The hit path: `try_pin` and `get` of resident keys, one and two threads
+//! (each on its own keys), next to a plain `HashMap` lookup with an `Arc`
+//! clone and a `memcpy` of the value.
+
+#[path = "common/mod.rs"]
+mod common;
+
+use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
+use rand::Rng;
+use std::collections::HashMap;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+const KEYS: u64 = 10_000;
+const VALUE: usize = 64;
+
+/// `threads` threads each run `iters` pins of their own keys; the time is
+/// the slowest thread's.
+fn run(b: &common::Buf, threads: usize, iters: u64, get: bool) -> Duration {
+    let barrier = Barrier::new(threads);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    let span = KEYS / threads as u64;
+                    let mut rng = common::rng(t as u64);
+                    let order: Vec<u64> = (0..4096)
+                        .map(|_| t as u64 * span + rng.gen_range(0..span))
+                        .collect();
+                    barrier.wait();
+                    let start = Instant::now();
+                    for i in 0..iters as usize {
+                        let k = &order[i & 4095];
+                        if get {
+                            black_box(b.get(k).unwrap());
+                        } else {
+                            black_box(b.try_pin(k));
+                        }
+                    }
+                    start.elapsed()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).max().unwrap()
+    })
+}
+
+fn hit(c: &mut Criterion) {
+    let dir = common::dir();
+    let b = common::buffer(dir.path(), usize::MAX / 2);
+    for k in 0..KEYS {
+        b.insert(k, vec![k as f64; VALUE / 8]).unwrap();
+    }
+    let mut g = c.benchmark_group("hit");
+    for threads in [1usize, 2] {
+        // Bytes of values handed out per second, over all threads.
+        g.throughput(Throughput::Bytes((VALUE * threads) as u64));
+        g.bench_function(format!("try_pin/{threads}-threads"), |bn| {
+            bn.iter_custom(|iters| run(&b, threads, iters, false))
+        });
+        g.bench_function(format!("get/{threads}-threads"), |bn| {
+            bn.iter_custom(|iters| run(&b, threads, iters, true))
+        });
+    }
+    g.throughput(Throughput::Bytes(VALUE as u64));
+    let map: HashMap<u64, Arc<Vec<f64>>> = (0..KEYS)
+        .map(|k| (k, Arc::new(vec![k as f64; VALUE / 8])))
+        .collect();
+    let mut rng = common::rng(9);
+    let order: Vec<u64> = (0..4096).map(|_| rng.gen_range(0..KEYS)).collect();
+    g.bench_function("raw/hashmap-get-arc-clone", |bn| {
+        let mut i = 0usize;
+        bn.iter(|| {
+            i = i.wrapping_add(1);
+            black_box(map.get(&order[i & 4095]).cloned())
+        })
+    });
+    let src = [1u8; VALUE];
+    let mut dst = [0u8; VALUE];
+    g.bench_function("raw/memcpy", |bn| {
+        bn.iter(|| dst.copy_from_slice(black_box(&src)))
+    });
+    g.finish();
+}
+
+criterion_group! { name = benches; config = common::criterion(); targets = hit }
+criterion_main!(benches);

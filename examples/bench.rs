@@ -1,0 +1,660 @@
+//! Command-line benchmark: runs each workload against spillbuffer and the
+//! raw baseline it is bounded by, in the same process and the same
+//! directory, and prints one JSON line per workload.
+//!
+//! ```text
+//! cargo run --release --example bench -- [--workload all|metadata|hit|get|insert|spill|unspill]
+//!     [--dir DIR] [--small BYTES] [--large BYTES] [--count-small N] [--count-large N]
+//!     [--target BYTES] [--threads 1,2] [--compression lz4|none] [--keys N] [--io-threads N]
+//!     [--hit-ops N] [--hit-keys N] [--repeat R]
+//! ```
+//!
+//! Every figure is the median of `--repeat` runs; crate and raw runs
+//! alternate, so both see the same machine state. Throughput is bytes of
+//! values per second (spill, unspill, insert) or operations per second
+//! (hit, get). Latencies are per operation on the caller's thread: for the
+//! hit path, each sample is the mean of a batch of 64 calls (a clock read
+//! costs about as much as the call itself). Peak RSS is VmHWM, reset
+//! before each workload.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+use spillbuffer::{Compression, SpillBuffer};
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+struct Opts {
+    workload: String,
+    dir: PathBuf,
+    small: usize,
+    large: usize,
+    count_small: usize,
+    count_large: usize,
+    target: Option<usize>,
+    threads: Vec<usize>,
+    compression: Compression,
+    keys: usize,
+    io_threads: usize,
+    hit_ops: usize,
+    hit_keys: usize,
+    repeat: usize,
+}
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: bench [--workload all|metadata|hit|get|insert|spill|unspill] [--dir DIR] \
+         [--small BYTES] [--large BYTES] [--count-small N] [--count-large N] [--target BYTES] \
+         [--threads 1,2] [--compression lz4|none] [--keys N] [--io-threads N] [--hit-ops N] [--hit-keys N] [--repeat R]"
+    );
+    std::process::exit(2)
+}
+
+fn parse() -> Opts {
+    let mut o = Opts {
+        workload: "all".into(),
+        dir: PathBuf::from("target/bench-spill"),
+        small: 4096,
+        large: 4 << 20,
+        count_small: 50_000,
+        count_large: 64,
+        target: None,
+        threads: vec![1, 2],
+        compression: Compression::Lz4,
+        keys: 1_000_000,
+        io_threads: 2,
+        hit_ops: 2_000_000,
+        hit_keys: 10_000,
+        repeat: 3,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let mut val = || args.next().unwrap_or_else(|| usage());
+        let num = |s: String| s.parse::<usize>().unwrap_or_else(|_| usage());
+        match flag.as_str() {
+            "--workload" => o.workload = val(),
+            "--dir" => o.dir = PathBuf::from(val()),
+            "--small" => o.small = num(val()),
+            "--large" => o.large = num(val()),
+            "--count-small" => o.count_small = num(val()),
+            "--count-large" => o.count_large = num(val()),
+            "--target" => o.target = Some(num(val())),
+            "--threads" => o.threads = val().split(',').map(|s| num(s.to_string())).collect(),
+            "--compression" => {
+                o.compression = match val().as_str() {
+                    "lz4" => Compression::Lz4,
+                    "none" => Compression::None,
+                    _ => usage(),
+                }
+            }
+            "--keys" => o.keys = num(val()),
+            "--io-threads" => o.io_threads = num(val()).max(1),
+            "--hit-ops" => o.hit_ops = num(val()),
+            "--hit-keys" => o.hit_keys = num(val()).max(1),
+            "--repeat" => o.repeat = num(val()).max(1),
+            _ => usage(),
+        }
+    }
+    o
+}
+
+// ----- measurement helpers ------------------------------------------------
+
+fn proc_status(field: &str) -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    s.lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
+}
+
+fn peak_rss() -> u64 {
+    proc_status("VmHWM:")
+}
+
+fn rss() -> u64 {
+    proc_status("VmRSS:")
+}
+
+/// Reset VmHWM to the current RSS (Linux >= 4.0), so that each workload
+/// reports its own peak.
+fn reset_peak() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// CPU time this thread has run, in ns (first field of schedstat).
+fn thread_cpu_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn percentiles(mut ns: Vec<u64>) -> (u64, u64, u64) {
+    if ns.is_empty() {
+        return (0, 0, 0);
+    }
+    ns.sort_unstable();
+    let at = |q: f64| ns[((ns.len() as f64 * q) as usize).min(ns.len() - 1)];
+    (at(0.50), at(0.99), at(0.999))
+}
+
+/// Write back dirty pages so that each run starts from the same state.
+/// Never inside a timed region.
+fn sync_disk() {
+    let _ = std::process::Command::new("sync").status();
+}
+
+fn random_f64(rng: &mut StdRng, bytes: usize) -> Vec<f64> {
+    (0..bytes / 8).map(|_| rng.gen::<f64>()).collect()
+}
+
+/// Half the elements zero (in runs, as sparse results are), half random.
+fn half_zeros(rng: &mut StdRng, bytes: usize) -> Vec<f64> {
+    let n = bytes / 8;
+    (0..n)
+        .map(|i| {
+            if (i / 512) % 2 == 0 {
+                0.0
+            } else {
+                rng.gen::<f64>()
+            }
+        })
+        .collect()
+}
+
+/// Zipf(1) sampler over `n` ranks, by inverse CDF.
+fn zipf_draws(rng: &mut StdRng, n: usize, draws: usize) -> Vec<usize> {
+    let mut cdf = Vec::with_capacity(n);
+    let mut sum = 0.0;
+    for r in 1..=n {
+        sum += 1.0 / r as f64;
+        cdf.push(sum);
+    }
+    // Ranks are shuffled over keys so that hot keys are not the first written.
+    let mut perm: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        perm.swap(i, rng.gen_range(0..=i));
+    }
+    (0..draws)
+        .map(|_| {
+            let u = rng.gen::<f64>() * sum;
+            perm[cdf.partition_point(|&c| c < u).min(n - 1)]
+        })
+        .collect()
+}
+
+type Buf = SpillBuffer<u64, Vec<f64>>;
+
+fn buffer(o: &Opts, target: usize) -> Buf {
+    SpillBuffer::builder(&o.dir)
+        .memory_target(target)
+        .compression(o.compression)
+        .io_threads(o.io_threads)
+        .build()
+        .expect("build buffer")
+}
+
+struct Line {
+    workload: String,
+    value_bytes: usize,
+    count: usize,
+    threads: usize,
+    bytes_per_s: f64,
+    ops_per_s: f64,
+    lat: (u64, u64, u64),
+    raw_name: &'static str,
+    raw: f64,
+    extra: serde_json::Value,
+}
+
+fn emit(o: &Opts, l: Line) {
+    let own = if l.raw_name.ends_with("ops/s") {
+        l.ops_per_s
+    } else {
+        l.bytes_per_s
+    };
+    let mut v = json!({
+        "workload": l.workload,
+        "value_bytes": l.value_bytes,
+        "count": l.count,
+        "threads": l.threads,
+        "compression": format!("{:?}", o.compression).to_lowercase(),
+        "repeat": o.repeat,
+        "io_threads": o.io_threads,
+        "throughput_bytes_per_s": l.bytes_per_s.round(),
+        "ops_per_s": l.ops_per_s.round(),
+        "p50_ns": l.lat.0,
+        "p99_ns": l.lat.1,
+        "p999_ns": l.lat.2,
+        "peak_rss_bytes": peak_rss(),
+        "raw_baseline": l.raw_name,
+        "raw_figure": l.raw.round(),
+        "ratio": if l.raw > 0.0 { (own / l.raw * 1000.0).round() / 1000.0 } else { 0.0 },
+    });
+    if let (Some(m), serde_json::Value::Object(e)) = (v.as_object_mut(), l.extra) {
+        m.extend(e);
+    }
+    println!("{v}");
+}
+
+// ----- workloads -------------------------------------------------------------
+
+/// Bytes of metadata per key: RSS of `keys` tiny resident entries minus the
+/// RSS of the same values held in a plain `Vec`. Run it first in a process:
+/// memory freed by earlier workloads would hide the growth.
+fn metadata(o: &Opts) {
+    reset_peak();
+    let n = o.keys;
+    let r0 = rss();
+    let values: Vec<Vec<f64>> = (0..n).map(|i| vec![i as f64]).collect();
+    let r1 = rss();
+    let payload = r1.saturating_sub(r0);
+    let b = buffer(o, usize::MAX / 2);
+    let start = Instant::now();
+    for (i, v) in values.into_iter().enumerate() {
+        b.insert(i as u64, v).unwrap();
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let r2 = rss();
+    let total = r2.saturating_sub(r0);
+    let per_key = (total as f64 - payload as f64) / n as f64;
+    emit(
+        o,
+        Line {
+            workload: "metadata".into(),
+            value_bytes: 8,
+            count: n,
+            threads: 1,
+            bytes_per_s: 0.0,
+            ops_per_s: n as f64 / secs,
+            lat: (0, 0, 0),
+            raw_name: "values in a Vec (bytes/key)",
+            raw: payload as f64 / n as f64,
+            extra: json!({
+                "metadata_bytes_per_key": (per_key * 10.0).round() / 10.0,
+                "rss_with_buffer_bytes": total,
+                "rss_values_alone_bytes": payload,
+            }),
+        },
+    );
+    drop(b);
+}
+
+/// `try_pin` (or `get`) of resident keys, each thread on its own keys.
+fn hit(o: &Opts, use_get: bool) {
+    // Spread over all threads; each reads its own slice in random order.
+    let keys = o.hit_keys.max(o.threads.iter().copied().max().unwrap_or(1)) as u64;
+    let b = buffer(o, usize::MAX / 2);
+    for k in 0..keys {
+        b.insert(k, vec![k as f64; 8]).unwrap();
+    }
+    // Raw floor: a plain HashMap lookup and Arc clone, one thread.
+    let raw_map: HashMap<u64, Arc<Vec<f64>>> = (0..keys)
+        .map(|k| (k, Arc::new(vec![k as f64; 8])))
+        .collect();
+    let name = if use_get { "get" } else { "try_pin" };
+    let mut one_thread = 0.0;
+    let mut one_thread_cpu = 0.0;
+    for &t in &o.threads {
+        reset_peak();
+        let mut ops = Vec::new();
+        let mut raws = Vec::new();
+        let mut lat = Vec::new();
+        let mut cpu_per_op = Vec::new();
+        for rep in 0..o.repeat {
+            let per_thread = o.hit_ops / 64 * 64;
+            let barrier = Barrier::new(t);
+            let results: Vec<(Duration, Vec<u64>, u64)> = std::thread::scope(|s| {
+                let hs: Vec<_> = (0..t)
+                    .map(|ti| {
+                        let b = &b;
+                        let barrier = &barrier;
+                        s.spawn(move || {
+                            let mut rng = StdRng::seed_from_u64(rep as u64 * 100 + ti as u64);
+                            // Disjoint key ranges per thread.
+                            let span = keys / t as u64;
+                            let order: Vec<u64> = (0..4096)
+                                .map(|_| ti as u64 * span + rng.gen_range(0..span))
+                                .collect();
+                            let mut samples = Vec::with_capacity(per_thread / 64);
+                            barrier.wait();
+                            let start = Instant::now();
+                            let cpu0 = thread_cpu_ns();
+                            for batch in 0..per_thread / 64 {
+                                let t0 = Instant::now();
+                                for i in 0..64 {
+                                    let k = &order[(batch * 64 + i) & 4095];
+                                    let p = if use_get {
+                                        b.get(k).unwrap()
+                                    } else {
+                                        b.try_pin(k)
+                                    };
+                                    std::hint::black_box(p);
+                                }
+                                samples.push(t0.elapsed().as_nanos() as u64 / 64);
+                            }
+                            (start.elapsed(), samples, thread_cpu_ns() - cpu0)
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            let slowest = results.iter().map(|r| r.0).max().unwrap();
+            ops.push((per_thread * t) as f64 / slowest.as_secs_f64());
+            let cpu: u64 = results.iter().map(|r| r.2).sum();
+            cpu_per_op.push(cpu as f64 / (per_thread * t) as f64);
+            for (_, s, _) in results {
+                lat.extend(s);
+            }
+            // Raw floor in the same run.
+            let mut rng = StdRng::seed_from_u64(rep as u64);
+            let order: Vec<u64> = (0..4096).map(|_| rng.gen_range(0..keys)).collect();
+            let start = Instant::now();
+            for i in 0..per_thread {
+                std::hint::black_box(raw_map.get(&order[i & 4095]).cloned());
+            }
+            raws.push(per_thread as f64 / start.elapsed().as_secs_f64());
+        }
+        let ops = median(&mut ops);
+        let cpu_ns = median(&mut cpu_per_op);
+        if t == 1 {
+            one_thread = ops;
+            one_thread_cpu = cpu_ns;
+        }
+        // What `t` threads would reach with a core each: the CPU an op
+        // costs (contention shows up here), independent of other load.
+        let cpu_scaling = if cpu_ns > 0.0 && one_thread_cpu > 0.0 {
+            t as f64 * one_thread_cpu / cpu_ns
+        } else {
+            0.0
+        };
+        let scaling = if one_thread > 0.0 && t > 1 {
+            ops / one_thread
+        } else {
+            1.0
+        };
+        emit(
+            o,
+            Line {
+                workload: format!("hit-{name}"),
+                value_bytes: 64,
+                count: o.hit_ops,
+                threads: t,
+                bytes_per_s: ops * 64.0,
+                ops_per_s: ops,
+                lat: percentiles(lat),
+                raw_name: "HashMap get + Arc clone, 1 thread (ops/s)",
+                raw: median(&mut raws),
+                extra: json!({
+                    "scaling_vs_1_thread": (scaling * 1000.0).round() / 1000.0,
+                    "cpu_ns_per_op": (cpu_ns * 10.0).round() / 10.0,
+                    "cpu_scaling_vs_1_thread": (cpu_scaling * 1000.0).round() / 1000.0,
+                    "resident_keys": keys,
+                }),
+            },
+        );
+    }
+}
+
+/// Insert into memory only (target far above the data).
+fn insert(o: &Opts, size: usize, count: usize) {
+    reset_peak();
+    let mut rng = StdRng::seed_from_u64(7);
+    let (mut bps, mut raws, mut lat) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..o.repeat {
+        let values: Vec<Vec<f64>> = (0..count).map(|_| random_f64(&mut rng, size)).collect();
+        let b = buffer(o, usize::MAX / 2);
+        let mut l = Vec::with_capacity(count);
+        let start = Instant::now();
+        for (i, v) in values.into_iter().enumerate() {
+            let t0 = Instant::now();
+            b.insert(i as u64, v).unwrap();
+            l.push(t0.elapsed().as_nanos() as u64);
+        }
+        bps.push((count * size) as f64 / start.elapsed().as_secs_f64());
+        lat.extend(l);
+        drop(b);
+        // Raw: the same values into a std HashMap.
+        let values: Vec<Vec<f64>> = (0..count).map(|_| random_f64(&mut rng, size)).collect();
+        let mut m = HashMap::new();
+        let start = Instant::now();
+        for (i, v) in values.into_iter().enumerate() {
+            m.insert(i as u64, v);
+        }
+        raws.push((count * size) as f64 / start.elapsed().as_secs_f64());
+        drop(m);
+    }
+    let bps = median(&mut bps);
+    emit(
+        o,
+        Line {
+            workload: "insert".into(),
+            value_bytes: size,
+            count,
+            threads: 1,
+            bytes_per_s: bps,
+            ops_per_s: bps / size as f64,
+            lat: percentiles(lat),
+            raw_name: "std HashMap insert (bytes/s)",
+            raw: median(&mut raws),
+            extra: json!({}),
+        },
+    );
+}
+
+fn as_bytes(v: &[f64]) -> &[u8] {
+    bytemuck::cast_slice(v)
+}
+
+/// Write each value with one `write()` to a fresh file in `dir`.
+fn raw_write(dir: &Path, values: &[Vec<f64>]) -> (f64, PathBuf) {
+    let path = dir.join("raw-baseline.bin");
+    let _ = std::fs::remove_file(&path);
+    let mut f = File::create(&path).unwrap();
+    let start = Instant::now();
+    for v in values {
+        f.write_all(as_bytes(v)).unwrap();
+    }
+    let secs = start.elapsed().as_secs_f64();
+    (secs, path)
+}
+
+/// Spill throughput: insert with a small target, then flush; bytes of values
+/// over the time from the first insert to the end of the flush.
+fn spill(o: &Opts, kind: &str, size: usize, count: usize) {
+    reset_peak();
+    // Small enough that nearly every value is spilled through the LRU path;
+    // throughput counts only the values written.
+    let target = o
+        .target
+        .unwrap_or(if size >= 1 << 20 { size } else { 1 << 20 });
+    let mut rng = StdRng::seed_from_u64(11);
+    let make = |rng: &mut StdRng| -> Vec<Vec<f64>> {
+        (0..count)
+            .map(|_| match kind {
+                "half-zeros" => half_zeros(rng, size),
+                _ => random_f64(rng, size),
+            })
+            .collect()
+    };
+    let total = (count * size) as f64;
+    let (mut bps, mut raws, mut lat, mut stored) = (Vec::new(), Vec::new(), Vec::new(), 0u64);
+    let mut pool_secs = (0.0, 0.0);
+    for rep in 0..o.repeat {
+        // Alternate which goes first, so neither always meets the other's
+        // writeback.
+        for crate_turn in [rep % 2 == 1, rep % 2 == 0] {
+            let values = make(&mut rng);
+            sync_disk();
+            if !crate_turn {
+                let (secs, path) = raw_write(&o.dir, &values);
+                raws.push(total / secs);
+                drop(values);
+                std::fs::remove_file(path).unwrap();
+                continue;
+            }
+            let b = buffer(o, target);
+            let mut l = Vec::with_capacity(count);
+            let start = Instant::now();
+            for (i, v) in values.into_iter().enumerate() {
+                let t0 = Instant::now();
+                b.insert(i as u64, v).unwrap();
+                l.push(t0.elapsed().as_nanos() as u64);
+            }
+            b.flush_blocking().unwrap();
+            let secs = start.elapsed().as_secs_f64();
+            let st = b.stats();
+            // Only the values written count, for the crate as for raw.
+            bps.push((st.spill_count_total as usize * size) as f64 / secs);
+            lat.extend(l);
+            stored = st.spilled_bytes_total;
+            pool_secs = (st.spill_seconds_total, secs);
+            drop(b);
+        }
+    }
+    let mut paired: Vec<f64> = bps.iter().zip(&raws).map(|(c, r)| c / r).collect();
+    let paired = median(&mut paired);
+    let bps = median(&mut bps);
+    emit(
+        o,
+        Line {
+            workload: format!("spill-{kind}"),
+            value_bytes: size,
+            count,
+            threads: 1,
+            bytes_per_s: bps,
+            ops_per_s: bps / size as f64,
+            lat: percentiles(lat),
+            raw_name: "write() of the same bytes, one call per value (bytes/s)",
+            raw: median(&mut raws),
+            extra: json!({
+                "target": target,
+                "stored_bytes_last_run": stored,
+                "ratio_paired_median": (paired * 1000.0).round() / 1000.0,
+                "io_pool_spill_seconds_last_run": pool_secs.0,
+                "wall_seconds_last_run": pool_secs.1,
+            }),
+        },
+    );
+}
+
+/// Unspill throughput: every value on disk (target 0), then `get` each key
+/// in order or in zipf order, dropping the pin at once. The raw baseline is
+/// `pread()` of the same bytes from a plain file written just before (page
+/// cache warm in both), into a reused buffer; `raw_fresh` reads into a new
+/// `Vec` each time, as a decoded value must be.
+fn unspill(o: &Opts, order: &str, size: usize, count: usize) {
+    reset_peak();
+    let mut rng = StdRng::seed_from_u64(13);
+    let values: Vec<Vec<f64>> = (0..count).map(|_| random_f64(&mut rng, size)).collect();
+    let reads: Vec<usize> = match order {
+        "zipf" => zipf_draws(&mut rng, count, count),
+        _ => (0..count).collect(),
+    };
+    let total = (reads.len() * size) as f64;
+    let (_, path) = raw_write(&o.dir, &values);
+    let raw_file = File::open(&path).unwrap();
+    let b = buffer(o, 0);
+    for (i, v) in values.iter().enumerate() {
+        b.insert(i as u64, v.clone()).unwrap();
+    }
+    b.flush_blocking().unwrap();
+    drop(values);
+    let (mut bps, mut raws, mut fresh, mut lat) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut buf = vec![0u8; size];
+    for _ in 0..o.repeat {
+        let start = Instant::now();
+        for &i in &reads {
+            raw_file.read_exact_at(&mut buf, (i * size) as u64).unwrap();
+            std::hint::black_box(&buf);
+        }
+        raws.push(total / start.elapsed().as_secs_f64());
+        let start = Instant::now();
+        for &i in &reads {
+            let mut v = vec![0u8; size];
+            raw_file.read_exact_at(&mut v, (i * size) as u64).unwrap();
+            std::hint::black_box(v);
+        }
+        fresh.push(total / start.elapsed().as_secs_f64());
+        let mut l = Vec::with_capacity(reads.len());
+        let start = Instant::now();
+        for &i in &reads {
+            let t0 = Instant::now();
+            let p = b.get(&(i as u64)).unwrap().expect("present");
+            std::hint::black_box(&*p);
+            drop(p);
+            l.push(t0.elapsed().as_nanos() as u64);
+        }
+        bps.push(total / start.elapsed().as_secs_f64());
+        lat.extend(l);
+    }
+    let mut paired: Vec<f64> = bps.iter().zip(&raws).map(|(c, r)| c / r).collect();
+    let paired = median(&mut paired);
+    drop(b);
+    drop(raw_file);
+    let _ = std::fs::remove_file(path);
+    let bps = median(&mut bps);
+    emit(
+        o,
+        Line {
+            workload: format!("unspill-{order}"),
+            value_bytes: size,
+            count: reads.len(),
+            threads: 1,
+            bytes_per_s: bps,
+            ops_per_s: bps / size as f64,
+            lat: percentiles(lat),
+            raw_name: "pread() of the same bytes into a reused buffer (bytes/s)",
+            raw: median(&mut raws),
+            extra: json!({
+                "raw_fresh_vec_bytes_per_s": median(&mut fresh).round(),
+                "ratio_paired_median": (paired * 1000.0).round() / 1000.0,
+            }),
+        },
+    );
+}
+
+fn main() {
+    let o = parse();
+    std::fs::create_dir_all(&o.dir).expect("create --dir");
+    let w = o.workload.as_str();
+    let all = w == "all";
+    // First: it needs a process whose heap has not been used yet.
+    if all || w == "metadata" {
+        metadata(&o);
+    }
+    if all || w == "hit" {
+        hit(&o, false);
+    }
+    if all || w == "get" {
+        hit(&o, true);
+    }
+    if all || w == "insert" {
+        insert(&o, o.small, o.count_small);
+        insert(&o, o.large, o.count_large);
+    }
+    if all || w == "spill" {
+        spill(&o, "random", o.large, o.count_large);
+        spill(&o, "half-zeros", o.large, o.count_large);
+        spill(&o, "random", o.small, o.count_small);
+    }
+    if all || w == "unspill" {
+        unspill(&o, "seq", o.large, o.count_large);
+        unspill(&o, "zipf", o.large, o.count_large);
+        unspill(&o, "seq", o.small, o.count_small);
+        unspill(&o, "zipf", o.small, o.count_small);
+    }
+    let _ = std::io::stdout().flush();
+}
