@@ -588,7 +588,7 @@ fn pick_dir<K>(g: &mut Segments<K>) -> usize {
     let now = Instant::now();
     for i in 0..n {
         let d = (g.next_dir + i) % n;
-        if g.failed_until[d].map_or(true, |t| t <= now) {
+        if g.failed_until[d].is_none_or(|t| t <= now) {
             g.failed_until[d] = None;
             g.next_dir = (d + 1) % n;
             return d;
