@@ -171,6 +171,8 @@ impl<K: Key, V: Spill> Inner<K, V> {
         ((self.hasher.hash_one(key) >> 40) as usize) % self.shards.len()
     }
 
+    /// Take a tick only under the lock of the shard whose list it orders:
+    /// two threads that took theirs first could link in the other order.
     fn next_tick(&self) -> u64 {
         self.tick.fetch_add(1, Relaxed)
     }
@@ -683,7 +685,6 @@ impl<K: Key, V: Spill> Inner<K, V> {
         } else {
             tracing::warn!(key = ?key, error = %err, "spill failed; the value stays in memory");
         }
-        let tick = self.next_tick();
         self.with_shard(s, |core| {
             let Some(idx) = core.find_version(key, version) else {
                 return;
@@ -699,7 +700,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
             // Most recently used: the next eviction tries another value
             // rather than this one again.
             if n.pins == 0 {
-                core.link_front(idx, ListKind::Dirty, tick);
+                core.link_front(idx, ListKind::Dirty, self.next_tick());
             }
         });
         self.wake_mem_waiters();
@@ -749,7 +750,6 @@ impl<K: Key, V: Spill> Inner<K, V> {
     fn unspill_done(&self, key: K, version: u64, loc: DiskLoc, res: Result<Arc<V>>) {
         let s = self.shard_of(&key);
         let target = self.target();
-        let tick = self.next_tick();
         let mut waiters = Vec::new();
         let mut idx_out = 0;
         let res = self.with_shard(s, |core| {
@@ -786,7 +786,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
             add(&self.g.resident, n.weight);
             add(&self.g.resident_count, 1);
             if waiters.is_empty() {
-                core.link_front(idx, ListKind::Clean, tick);
+                core.link_front(idx, ListKind::Clean, self.next_tick());
             } else {
                 for _ in 0..waiters.len() {
                     self.pin_node(core, idx);
@@ -877,7 +877,14 @@ impl<K: Key, V: Spill> Inner<K, V> {
         let mut retry = false;
         for (old, key) in self.store.live_records(seg) {
             let copy = with_scratch(|sc| {
-                self.store.read(old, &mut sc.a)?;
+                let path = self.store.read(old, &mut sc.a)?;
+                // Copy only a record that checks: a read that went wrong
+                // (a flipped bit, a torn read) must not become the only copy.
+                record::open(&sc.a).map_err(|detail| Error::Corrupt {
+                    key: format!("{key:?}"),
+                    path,
+                    detail,
+                })?;
                 self.store.write(&key, &sc.a)
             });
             let new = match copy {
@@ -1097,7 +1104,6 @@ impl<K: Key, V: Spill> PinOwner for Inner<K, V> {
 
     fn unpin(&self, at: PinAt, consume: bool) {
         let target = self.target();
-        let tick = self.next_tick();
         let freed = self.with_shard(at.shard as usize, |core| {
             let n = core.get_version(at.slot, at.version)?;
             if n.pins == 0 {
@@ -1134,7 +1140,7 @@ impl<K: Key, V: Spill> PinOwner for Inner<K, V> {
                     if n.consumed {
                         core.link_back(at.slot, kind);
                     } else {
-                        core.link_front(at.slot, kind, tick);
+                        core.link_front(at.slot, kind, self.next_tick());
                     }
                     None
                 }
