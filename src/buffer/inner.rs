@@ -952,6 +952,10 @@ impl<K: Key, V: Spill> Inner<K, V> {
         let (mut resident, mut count, mut spilling, mut pinned, mut reserved, mut len) =
             (0, 0, 0, 0, 0, 0);
         let mut disk_records = 0u64;
+        // (key, record, state) of every entry with a disk copy, checked
+        // against the store after the shard lock is released: one lock at
+        // a time, here too.
+        let mut owned = Vec::new();
         let mut disk_sum = 0u64;
         for (s, shard) in self.shards.iter().enumerate() {
             let core = shard.core.lock();
@@ -994,6 +998,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
                 if let Some(loc) = n.state.disk() {
                     disk_records += 1;
                     disk_sum += loc.len;
+                    owned.push((n.key.clone(), loc, n.state.name()));
                 }
             }
         }
@@ -1019,6 +1024,19 @@ impl<K: Key, V: Spill> Inner<K, V> {
             ));
         }
         self.store.validate()?;
+        // Each record must be live, its entry's key's, and no other entry's:
+        // a key has one place on disk.
+        let mut locs = std::collections::HashSet::new();
+        for (key, loc, state) in owned {
+            if self.store.record_key(loc).as_ref() != Some(&key) {
+                return Err(format!(
+                    "key {key:?} ({state}) points at {loc:?}, not a live record of its own"
+                ));
+            }
+            if !locs.insert((loc.seg, loc.offset)) {
+                return Err(format!("key {key:?} shares record {loc:?}"));
+            }
+        }
         if disk_records != self.store.disk_count() || disk_sum != self.store.disk_bytes() {
             return Err(format!(
                 "entries own {disk_records} records / {disk_sum} bytes, store has {} / {}",
