@@ -310,13 +310,15 @@ pub fn block_on<F: Future>(fut: F, limit: Duration) -> F::Output {
     }
 }
 
+/// A pin the runner holds: its key, the guard, and the value it must show.
+type HeldPin = (u8, Pinned<Vec<u8>>, Arc<Vec<u8>>);
+
 /// Applies operations to a buffer and to a model, checking after each.
 pub struct Runner {
     buf: SpillBuffer<u8, Vec<u8>>,
     cfg: Config,
     model: HashMap<u8, Arc<Vec<u8>>>,
-    /// Held pins and the value each must show.
-    pins: Vec<(u8, Pinned<Vec<u8>>, Arc<Vec<u8>>)>,
+    pins: Vec<HeldPin>,
     faults: Option<Arc<Faults>>,
     /// A read fault (failure or bit flip) has been armed since the last
     /// clear: reads may fail, but never return a wrong value.
