@@ -84,10 +84,43 @@ proptest! {
         ..ProptestConfig::default()
     })]
 
+    /// IO overlaps with the operations: validate() only on Flush and at the
+    /// end; values, len and contains_key after every step.
+    #[test]
+    fn buffer_agrees_with_a_hashmap_while_io_overlaps(cfg in any::<u8>(), ops in prop::collection::vec(op(), 1..64)) {
+        let dir = tmp();
+        Runner::new(dir.path(), Config::from_byte(cfg), false).overlapping().run(&ops);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: cases(4000),
+        max_shrink_iters: 400,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
     #[test]
     fn nothing_is_lost_under_storage_faults(cfg in any::<u8>(), ops in prop::collection::vec(fault_op(), 1..48)) {
         let dir = tmp();
         run(dir.path(), cfg, true, &ops);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: cases(3000),
+        max_shrink_iters: 400,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// Faults while IO overlaps with the operations.
+    #[test]
+    fn nothing_is_lost_under_storage_faults_while_io_overlaps(cfg in any::<u8>(), ops in prop::collection::vec(fault_op(), 1..64)) {
+        let dir = tmp();
+        Runner::new(dir.path(), Config::from_byte(cfg), true).overlapping().run(&ops);
     }
 }
 

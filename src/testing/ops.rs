@@ -325,6 +325,10 @@ pub struct Runner {
     read_faults: bool,
     serial: u64,
     step: usize,
+    /// Call `validate()` (which waits for the pool to go idle) after every
+    /// step, or only on `Flush` and at the end so that IO overlaps with the
+    /// following operations.
+    validate_every_step: bool,
     /// Reads that failed under an armed read fault.
     pub failed_reads: u64,
 }
@@ -366,8 +370,17 @@ impl Runner {
             read_faults: false,
             serial: 0,
             step: 0,
+            validate_every_step: true,
             failed_reads: 0,
         }
+    }
+
+    /// Validate only on `Flush` and at the end, so that spills, reads and
+    /// compaction run while the next operations are applied. Values, `len`
+    /// and `contains_key` are still checked after every step.
+    pub fn overlapping(mut self) -> Runner {
+        self.validate_every_step = false;
+        self
     }
 
     /// The buffer under test.
@@ -598,6 +611,12 @@ impl Runner {
                 self.fail(op, format!("a held pin of key {key} changed"));
             }
         }
+        if self.validate_every_step || *op == Op::Flush {
+            self.validate(op);
+        }
+    }
+
+    fn validate(&self, op: &Op) {
         if let Err(e) = self.buf.validate() {
             self.fail(op, format!("validate: {e}"));
         }
@@ -620,6 +639,7 @@ impl Runner {
         }
         self.buf.flush_blocking().expect("flush");
         self.check(&op);
+        self.validate(&op);
         let st = self.buf.stats();
         if st.memory_bytes != 0 || st.memory_count != 0 || st.spilling_bytes != 0 {
             self.fail(&op, "memory not empty after removing every key".into());
