@@ -6,7 +6,9 @@
 
 use proptest::prelude::*;
 use spillbuffer::testing::ops::{ops_from_bytes, Config, Op, Runner, KEYS, MAX_LEN};
+use spillbuffer::{FsStorage, SegmentFile, SpillBuffer, Storage};
 use std::path::Path;
+use std::sync::Arc;
 
 fn key() -> impl Strategy<Value = u8> {
     0..KEYS
@@ -257,4 +259,90 @@ fn insert_async_returns_when_one_of_two_spills_fails() {
             },
         ],
     );
+}
+
+/// Storage whose writes wait until the test opens the gate: holds a spill
+/// "in flight" for as long as a test needs, without sleeping.
+struct GatedStorage {
+    open: Gate,
+}
+
+struct GatedFile {
+    inner: Arc<dyn SegmentFile>,
+    open: Gate,
+}
+
+impl Storage for GatedStorage {
+    fn create(&self, path: &Path) -> std::io::Result<Arc<dyn SegmentFile>> {
+        Ok(Arc::new(GatedFile {
+            inner: FsStorage.create(path)?,
+            open: Arc::clone(&self.open),
+        }))
+    }
+
+    fn remove(&self, path: &Path) -> std::io::Result<()> {
+        FsStorage.remove(path)
+    }
+}
+
+impl SegmentFile for GatedFile {
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        let (lock, cv) = &*self.open;
+        let mut open = lock.lock();
+        while !*open {
+            cv.wait(&mut open);
+        }
+        drop(open);
+        self.inner.write_all_at(buf, offset)
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.inner.read_exact_at(buf, offset)
+    }
+}
+
+type Gate = Arc<(parking_lot::Mutex<bool>, parking_lot::Condvar)>;
+
+struct OpenOnDrop(Gate);
+
+impl Drop for OpenOnDrop {
+    fn drop(&mut self) {
+        *self.0 .0.lock() = true;
+        self.0 .1.notify_all();
+    }
+}
+
+/// Found by `buffer_agrees_with_a_hashmap_while_io_overlaps`: a value both
+/// pinned and being written was subtracted twice (as pinned and as
+/// spilling) when eviction worked out how far memory was over the target,
+/// so lowering the target evicted nothing else; once that write went away
+/// (the key removed), an unpinned value stayed over the target for good.
+#[test]
+fn a_pinned_value_being_written_is_not_counted_twice_against_the_target() {
+    let dir = tmp();
+    let open = Arc::new((parking_lot::Mutex::new(false), parking_lot::Condvar::new()));
+    let buf: SpillBuffer<u8, Vec<u8>> = SpillBuffer::builder(dir.path())
+        .memory_target(512)
+        .io_threads(1)
+        .shards(1)
+        .storage(Arc::new(GatedStorage {
+            open: Arc::clone(&open),
+        }))
+        .build()
+        .unwrap();
+    // Declared after `buf`, so dropped first: a failed assertion must not
+    // leave the IO thread blocked while the buffer's drop joins it.
+    let _open_on_drop = OpenOnDrop(Arc::clone(&open));
+    buf.insert(10, vec![1; 513]).unwrap(); // heavier than the target: written at once
+    let pin = buf.try_pin(&10).expect("in memory while being written");
+    buf.insert(0, vec![2; 257]).unwrap();
+    buf.set_memory_target(0);
+    // 513 pinned and being written, 257 unpinned: the 257 must go too.
+    assert_eq!(buf.stats().spilling_bytes, 513 + 257);
+    buf.remove(&10);
+    drop(pin);
+    drop(_open_on_drop);
+    buf.flush_blocking().unwrap();
+    buf.validate().unwrap();
+    assert_eq!(buf.get(&0).unwrap().map(|p| p.len()), Some(257));
 }

@@ -44,6 +44,9 @@ pub(crate) struct Gauges {
     pub spilling: AtomicUsize,
     /// Weight of values with at least one pin.
     pub pinned: AtomicUsize,
+    /// Weight of values both pinned and spilling: counted in `pinned` and in
+    /// `spilling`, so `over_target` adds it back rather than count it twice.
+    pub pinned_spilling: AtomicUsize,
     /// Weight of prefetch reads in flight (memory promised to them).
     pub reserved: AtomicUsize,
     /// Live keys.
@@ -219,7 +222,8 @@ impl<K: Key, V: Spill> Inner<K, V> {
     /// count against `memory_limit`, not against the eviction target.
     fn over_target(&self) -> usize {
         let r = self.g.resident.load(Relaxed);
-        let held = self.g.pinned.load(Relaxed) + self.g.spilling.load(Relaxed);
+        let held = (self.g.pinned.load(Relaxed) + self.g.spilling.load(Relaxed))
+            .saturating_sub(self.g.pinned_spilling.load(Relaxed));
         r.saturating_sub(held).saturating_sub(self.target())
     }
 
@@ -232,6 +236,9 @@ impl<K: Key, V: Spill> Inner<K, V> {
         n.consumed = false;
         if n.pins == 1 {
             add(&self.g.pinned, n.weight);
+            if matches!(n.state, State::Spilling { .. }) {
+                add(&self.g.pinned_spilling, n.weight);
+            }
         }
         core.unlink(idx);
     }
@@ -353,6 +360,9 @@ impl<K: Key, V: Spill> Inner<K, V> {
                 }
                 if matches!(n.state, State::Spilling { .. }) {
                     sub(&self.g.spilling, n.weight);
+                    if n.pins > 0 {
+                        sub(&self.g.pinned_spilling, n.weight);
+                    }
                 }
             }
             State::Unspilling { prefetch: true, .. } => sub(&self.g.reserved, n.weight),
@@ -649,6 +659,9 @@ impl<K: Key, V: Spill> Inner<K, V> {
                 unreachable!("only spill jobs move an entry out of Spilling")
             };
             sub(&self.g.spilling, n.weight);
+            if n.pins > 0 {
+                sub(&self.g.pinned_spilling, n.weight);
+            }
             if n.pins == 0 {
                 sub(&self.g.resident, n.weight);
                 sub(&self.g.resident_count, 1);
@@ -697,6 +710,9 @@ impl<K: Key, V: Spill> Inner<K, V> {
             };
             n.state = State::Resident { value, disk: None };
             sub(&self.g.spilling, n.weight);
+            if n.pins > 0 {
+                sub(&self.g.pinned_spilling, n.weight);
+            }
             // Most recently used: the next eviction tries another value
             // rather than this one again.
             if n.pins == 0 {
@@ -951,6 +967,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
         self.pool.wait_idle_blocking();
         let (mut resident, mut count, mut spilling, mut pinned, mut reserved, mut len) =
             (0, 0, 0, 0, 0, 0);
+        let mut pinned_spilling = 0;
         let mut disk_records = 0u64;
         // (key, record, state) of every entry with a disk copy, checked
         // against the store after the shard lock is released: one lock at
@@ -983,7 +1000,12 @@ impl<K: Key, V: Spill> Inner<K, V> {
                     }
                 }
                 match &n.state {
-                    State::Spilling { .. } => spilling += n.weight,
+                    State::Spilling { .. } => {
+                        spilling += n.weight;
+                        if n.pins > 0 {
+                            pinned_spilling += n.weight;
+                        }
+                    }
                     State::Unspilling { prefetch, .. } => {
                         return Err(format!(
                             "key {:?} still unspilling (prefetch {prefetch}) with the pool idle",
@@ -1008,6 +1030,11 @@ impl<K: Key, V: Spill> Inner<K, V> {
             ("resident_count", count, g.resident_count.load(Relaxed)),
             ("spilling", spilling, g.spilling.load(Relaxed)),
             ("pinned", pinned, g.pinned.load(Relaxed)),
+            (
+                "pinned_spilling",
+                pinned_spilling,
+                g.pinned_spilling.load(Relaxed),
+            ),
             ("reserved", reserved, g.reserved.load(Relaxed)),
             ("len", len, g.len.load(Relaxed)),
         ];
@@ -1133,6 +1160,9 @@ impl<K: Key, V: Spill> PinOwner for Inner<K, V> {
                 return None;
             }
             sub(&self.g.pinned, n.weight);
+            if matches!(n.state, State::Spilling { .. }) {
+                sub(&self.g.pinned_spilling, n.weight);
+            }
             let free_now = n.consumed || n.weight > target;
             match &n.state {
                 State::Resident {
