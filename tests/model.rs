@@ -5,7 +5,7 @@
 //! committed fuzz corpus. Minimised failures live here as named tests.
 
 use proptest::prelude::*;
-use spillbuffer::testing::ops::{ops_from_bytes, Config, Op, Runner, KEYS, MAX_LEN};
+use spillbuffer::testing::ops::{ops_from_bytes, run_input, Config, Op, Runner, KEYS, MAX_LEN};
 use spillbuffer::{FsStorage, SegmentFile, SpillBuffer, Storage};
 use std::path::Path;
 use std::sync::Arc;
@@ -143,12 +143,8 @@ fn fuzz_corpus_replays_cleanly() {
             let Ok(data) = std::fs::read(&f) else {
                 continue;
             };
-            let Some((&cfg, rest)) = data.split_first() else {
-                continue;
-            };
             let dir = tmp();
-            let ops = ops_from_bytes(rest);
-            let res = std::panic::catch_unwind(|| run(dir.path(), cfg, target == "faults", &ops));
+            let res = std::panic::catch_unwind(|| run_input(dir.path(), &data, target == "faults"));
             assert!(res.is_ok(), "corpus file {} fails", f.display());
             n += 1;
         }

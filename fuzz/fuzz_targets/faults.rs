@@ -5,13 +5,10 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use spillbuffer::testing::ops::{ops_from_bytes, Config, Runner};
+use spillbuffer::testing::ops::run_input;
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&cfg, rest)) = data.split_first() else {
-        return;
-    };
     let dir = std::env::temp_dir().join("spillbuffer-fuzz-faults");
     std::fs::create_dir_all(&dir).expect("fuzz directory");
-    Runner::new(&dir, Config::from_byte(cfg), true).run(&ops_from_bytes(rest));
+    run_input(&dir, data, true);
 });

@@ -660,3 +660,20 @@ impl Runner {
         }
     }
 }
+
+/// Run one fuzzer input: byte 0 picks the [`Config`], bit 0 of byte 1 makes
+/// the run [`Runner::overlapping`], the rest decode into operations. The
+/// fuzz targets and the corpus replay in `tests/model.rs` both use this, so
+/// a committed input means the same thing in both.
+pub fn run_input(dir: &Path, data: &[u8], faults: bool) {
+    let [cfg, mode, rest @ ..] = data else {
+        return;
+    };
+    let runner = Runner::new(dir, Config::from_byte(*cfg), faults);
+    let runner = if mode & 1 != 0 {
+        runner.overlapping()
+    } else {
+        runner
+    };
+    runner.run(&ops_from_bytes(rest));
+}
