@@ -45,6 +45,10 @@ pub(crate) struct Gauges {
     pub resident_count: AtomicUsize,
     /// Weight of values with a write queued or running.
     pub spilling: AtomicUsize,
+    /// Weight of values both pinned and spilling: counted in the shards'
+    /// pinned weight and in `spilling`, so `over_target` adds it back rather
+    /// than count it twice.
+    pub pinned_spilling: AtomicUsize,
     /// Weight of prefetch reads in flight (memory promised to them).
     pub reserved: AtomicUsize,
     /// Live keys.
@@ -213,6 +217,8 @@ impl<K: Key, V: Spill> Inner<K, V> {
         ((hash >> 40) as usize) % self.shards.len()
     }
 
+    /// Take a tick only under the lock of the shard whose list it orders:
+    /// two threads that took theirs first could link in the other order.
     fn next_tick(&self) -> u64 {
         self.tick.fetch_add(1, Relaxed)
     }
@@ -266,7 +272,11 @@ impl<K: Key, V: Spill> Inner<K, V> {
         if unheld <= target {
             return 0;
         }
-        unheld.saturating_sub(self.pinned()).saturating_sub(target)
+        // A value both pinned and being written is already out of `unheld`.
+        let pinned_only = self
+            .pinned()
+            .saturating_sub(self.g.pinned_spilling.load(Relaxed));
+        unheld.saturating_sub(pinned_only).saturating_sub(target)
     }
 
     /// Weight of values with at least one pin, over all shards.
@@ -294,6 +304,9 @@ impl<K: Key, V: Spill> Inner<K, V> {
         n.consumed = false;
         if n.pins == 1 {
             self.add_pinned(s, n.weight);
+            if matches!(n.state, State::Spilling { .. }) {
+                add(&self.g.pinned_spilling, n.weight);
+            }
         }
         core.unlink(idx);
     }
@@ -421,6 +434,9 @@ impl<K: Key, V: Spill> Inner<K, V> {
                 }
                 if matches!(n.state, State::Spilling { .. }) {
                     sub(&self.g.spilling, n.weight);
+                    if n.pins > 0 {
+                        sub(&self.g.pinned_spilling, n.weight);
+                    }
                 }
             }
             State::Unspilling { prefetch: true, .. } => sub(&self.g.reserved, n.weight),
@@ -923,6 +939,9 @@ impl<K: Key, V: Spill> Inner<K, V> {
                 unreachable!("only spill jobs move an entry out of Spilling")
             };
             sub(&self.g.spilling, n.weight);
+            if n.pins > 0 {
+                sub(&self.g.pinned_spilling, n.weight);
+            }
             if n.pins == 0 {
                 sub(&self.g.resident, n.weight);
                 sub(&self.g.resident_count, 1);
@@ -959,7 +978,6 @@ impl<K: Key, V: Spill> Inner<K, V> {
         } else {
             tracing::warn!(key = ?key, error = %err, "spill failed; the value stays in memory");
         }
-        let tick = self.next_tick();
         self.with_shard(s, |core| {
             let Some(idx) = core.find_version(key, version) else {
                 return;
@@ -972,10 +990,13 @@ impl<K: Key, V: Spill> Inner<K, V> {
             };
             n.state = State::Resident { value, disk: None };
             sub(&self.g.spilling, n.weight);
+            if n.pins > 0 {
+                sub(&self.g.pinned_spilling, n.weight);
+            }
             // Most recently used: the next eviction tries another value
             // rather than this one again.
             if n.pins == 0 {
-                core.link_front(idx, ListKind::Dirty, tick);
+                core.link_front(idx, ListKind::Dirty, self.next_tick());
             }
         });
         // Nothing retries the eviction until the host acts again, so with
@@ -1118,7 +1139,6 @@ impl<K: Key, V: Spill> Inner<K, V> {
     fn unspill_done(&self, key: K, version: u64, loc: DiskLoc, res: Result<Arc<V>>) {
         let s = self.shard_of(&key);
         let target = self.target();
-        let tick = self.next_tick();
         let mut waiters = Vec::new();
         let mut idx_out = 0;
         let res = self.with_shard(s, |core| {
@@ -1155,7 +1175,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
             add(&self.g.resident, n.weight);
             add(&self.g.resident_count, 1);
             if waiters.is_empty() {
-                core.link_front(idx, ListKind::Clean, tick);
+                core.link_front(idx, ListKind::Clean, self.next_tick());
             } else {
                 for _ in 0..waiters.len() {
                     self.pin_node(s, core, idx);
@@ -1249,7 +1269,14 @@ impl<K: Key, V: Spill> Inner<K, V> {
         let mut retry = false;
         for (old, key) in self.store.live_records(seg) {
             let copy = with_scratch(|sc| {
-                self.store.read(old, &mut sc.a)?;
+                let path = self.store.read(old, &mut sc.a)?;
+                // Copy only a record that checks: a read that went wrong
+                // (a flipped bit, a torn read) must not become the only copy.
+                record::open(&sc.a).map_err(|detail| Error::Corrupt {
+                    key: format!("{key:?}"),
+                    path,
+                    detail,
+                })?;
                 self.store.write(&key, &sc.a)
             });
             let new = match copy {
@@ -1316,7 +1343,12 @@ impl<K: Key, V: Spill> Inner<K, V> {
         self.pool.wait_idle_blocking();
         let (mut resident, mut count, mut spilling, mut pinned, mut reserved, mut len) =
             (0, 0, 0, 0, 0, 0);
+        let mut pinned_spilling = 0;
         let mut disk_records = 0u64;
+        // (key, record, state) of every entry with a disk copy, checked
+        // against the store after the shard lock is released: one lock at
+        // a time, here too.
+        let mut owned = Vec::new();
         let mut disk_sum = 0u64;
         for (s, shard) in self.shards.iter().enumerate() {
             let core = shard.core.lock();
@@ -1355,7 +1387,12 @@ impl<K: Key, V: Spill> Inner<K, V> {
                     }
                 }
                 match &n.state {
-                    State::Spilling { .. } => spilling += n.weight,
+                    State::Spilling { .. } => {
+                        spilling += n.weight;
+                        if n.pins > 0 {
+                            pinned_spilling += n.weight;
+                        }
+                    }
                     State::Unspilling { prefetch, .. } => {
                         return Err(format!(
                             "key {:?} still unspilling (prefetch {prefetch}) with the pool idle",
@@ -1370,6 +1407,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
                 if let Some(loc) = n.state.disk() {
                     disk_records += 1;
                     disk_sum += loc.len;
+                    owned.push((n.key.clone(), loc, n.state.name()));
                 }
             }
         }
@@ -1379,6 +1417,11 @@ impl<K: Key, V: Spill> Inner<K, V> {
             ("resident_count", count, g.resident_count.load(Relaxed)),
             ("spilling", spilling, g.spilling.load(Relaxed)),
             ("pinned", pinned, self.pinned()),
+            (
+                "pinned_spilling",
+                pinned_spilling,
+                g.pinned_spilling.load(Relaxed),
+            ),
             ("reserved", reserved, g.reserved.load(Relaxed)),
             ("len", len, g.len.load(Relaxed)),
         ];
@@ -1395,6 +1438,19 @@ impl<K: Key, V: Spill> Inner<K, V> {
             ));
         }
         self.store.validate()?;
+        // Each record must be live, its entry's key's, and no other entry's:
+        // a key has one place on disk.
+        let mut locs = std::collections::HashSet::new();
+        for (key, loc, state) in owned {
+            if self.store.record_key(loc).as_ref() != Some(&key) {
+                return Err(format!(
+                    "key {key:?} ({state}) points at {loc:?}, not a live record of its own"
+                ));
+            }
+            if !locs.insert((loc.seg, loc.offset)) {
+                return Err(format!("key {key:?} shares record {loc:?}"));
+            }
+        }
         if disk_records != self.store.disk_count() || disk_sum != self.store.disk_bytes() {
             return Err(format!(
                 "entries own {disk_records} records / {disk_sum} bytes, store has {} / {}",
@@ -1522,7 +1578,6 @@ impl<K: Key, V: Spill> PinOwner<V> for Inner<K, V> {
 
     fn unpin(&self, at: PinAt, consume: bool, guard: Arc<V>) {
         let target = self.target();
-        let tick = self.next_tick();
         let freed = self.with_shard(at.shard as usize, |core| {
             let n = core.get_version(at.slot, at.version)?;
             if n.pins == 0 {
@@ -1534,6 +1589,9 @@ impl<K: Key, V: Spill> PinOwner<V> for Inner<K, V> {
                 return None;
             }
             self.sub_pinned(at.shard as usize, n.weight);
+            if matches!(n.state, State::Spilling { .. }) {
+                sub(&self.g.pinned_spilling, n.weight);
+            }
             let free_now = n.consumed || n.weight > target;
             match &n.state {
                 State::Resident {
@@ -1559,7 +1617,7 @@ impl<K: Key, V: Spill> PinOwner<V> for Inner<K, V> {
                     if n.consumed {
                         core.link_back(at.slot, kind);
                     } else {
-                        core.link_front(at.slot, kind, tick);
+                        core.link_front(at.slot, kind, self.next_tick());
                     }
                     None
                 }

@@ -539,6 +539,14 @@ impl<K: Clone> Store<K> {
         }
     }
 
+    /// The key of the live record at `loc` (same segment, offset and
+    /// length), if there is one. For `validate`.
+    pub(crate) fn record_key(&self, loc: DiskLoc) -> Option<K> {
+        let g = self.inner.lock();
+        let (len, key) = g.segs.get(&loc.seg)?.records.get(&loc.offset)?;
+        (*len == loc.len).then(|| key.clone())
+    }
+
     /// Check the segment table against the counters.
     pub(crate) fn validate(&self) -> std::result::Result<(), String> {
         let g = self.inner.lock();
