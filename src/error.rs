@@ -47,7 +47,11 @@ pub enum Error {
         /// The error `encode` returned.
         source: SharedError,
     },
-    /// [`crate::Spill::decode`] failed on bytes that passed their checksum.
+    /// Decoding a value failed. The buffer itself reports a record whose
+    /// bytes pass their checksum but fail [`crate::Spill::decode`] as
+    /// [`Error::Corrupt`] (with the decode error in `detail`), since the
+    /// value cannot be had either way; this variant is for hosts wrapping
+    /// their own codecs in this error type.
     Decode {
         /// The key of the value (`Debug` form).
         key: String,
