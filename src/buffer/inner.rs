@@ -340,7 +340,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
                         let loc = *loc;
                         n.state = State::Unspilling {
                             loc,
-                            waiters: vec![w],
+                            waiters: Box::new(vec![w]),
                             prefetch: false,
                         };
                         Err(Lookup::Read { version, loc })
@@ -453,7 +453,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
         }
         match node.state {
             State::Unspilling { waiters, .. } => {
-                for w in waiters {
+                for w in *waiters {
                     w.send(Ok(None));
                 }
             }
@@ -928,7 +928,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
 
     fn spill_done(&self, s: usize, key: K, version: u64, loc: DiskLoc) {
         Metrics::add(&self.metrics.spill_count, 1);
-        Metrics::add(&self.metrics.spilled_bytes, loc.len);
+        Metrics::add(&self.metrics.spilled_bytes, loc.len());
         self.budget_logged.store(false, Relaxed);
         self.backoff.success();
         let outcome = self.with_shard(s, |core| {
@@ -1015,13 +1015,13 @@ impl<K: Key, V: Spill> Inner<K, V> {
         Metrics::add_time(&self.metrics.unspill_nanos, start.elapsed());
         if res.is_ok() {
             Metrics::add(&self.metrics.unspill_count, 1);
-            Metrics::add(&self.metrics.unspilled_bytes, loc.len);
+            Metrics::add(&self.metrics.unspilled_bytes, loc.len());
         }
         self.unspill_done(key, version, loc, res);
     }
 
     fn read_value(&self, key: &K, loc: DiskLoc) -> Result<V> {
-        if loc.len >= IN_PLACE_MIN as u64 {
+        if loc.len() >= IN_PLACE_MIN as u64 {
             return self.read_in_place(key, loc);
         }
         with_scratch(|sc| {
@@ -1062,10 +1062,10 @@ impl<K: Key, V: Spill> Inner<K, V> {
         let mut head = [0u8; record::HEADER];
         file.read_exact_at(&mut head, loc.offset).map_err(io)?;
         let (codec, stored, raw_len) = record::parse_header(&head).map_err(corrupt)?;
-        if stored.checked_add(record::HEADER as u64) != Some(loc.len) {
+        if stored.checked_add(record::HEADER as u64) != Some(loc.len()) {
             return Err(corrupt(format!(
                 "header says {stored} payload bytes, the index {}",
-                loc.len - record::HEADER as u64
+                loc.len() - record::HEADER as u64
             )));
         }
         let raw_len = usize::try_from(raw_len)
@@ -1159,7 +1159,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
             if prefetch {
                 sub(&self.g.reserved, n.weight);
             }
-            waiters = w;
+            waiters = *w;
             let value = match &res {
                 Ok(v) => Arc::clone(v),
                 Err(_) => return res,
@@ -1236,7 +1236,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
                 .ok()?;
             n.state = State::Unspilling {
                 loc,
-                waiters: Vec::new(),
+                waiters: Box::default(),
                 prefetch: true,
             };
             Some((n.version, loc))
@@ -1406,7 +1406,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
                 }
                 if let Some(loc) = n.state.disk() {
                     disk_records += 1;
-                    disk_sum += loc.len;
+                    disk_sum += loc.len();
                     owned.push((n.key.clone(), loc, n.state.name()));
                 }
             }
@@ -1559,11 +1559,7 @@ fn decode_in_place<V: Spill>(
 }
 
 /// Placeholder location used only while a state is being swapped out.
-const NO_LOC: DiskLoc = DiskLoc {
-    seg: u32::MAX,
-    offset: 0,
-    len: 0,
-};
+const NO_LOC: DiskLoc = DiskLoc::NONE;
 
 impl<K: Key, V: Spill> PinOwner<V> for Inner<K, V> {
     fn repin(&self, at: PinAt) {
