@@ -93,6 +93,10 @@ pub(crate) struct Inner<K, V> {
     /// drains it is queued or running: values evicted while a write is in
     /// flight pile up here and go out together.
     spill_queue: Mutex<Vec<SpillJob<K, V>>>,
+    /// Serialises prefetch admission (reading `resident` and taking a
+    /// reservation) against a prefetched value moving from reserved to
+    /// resident. Taken only on the pool, inside a shard lock.
+    admission: Mutex<()>,
     /// A disk-budget refusal was logged and no spill has succeeded since.
     budget_logged: AtomicBool,
     backoff: Backoff,
@@ -201,6 +205,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
             mem_waiters: Mutex::new(VecDeque::new()),
             mem_waiting: AtomicUsize::new(0),
             spill_queue: Mutex::new(Vec::new()),
+            admission: Mutex::new(()),
             budget_logged: AtomicBool::new(false),
             backoff: Backoff::new(),
             me: me.clone(),
@@ -1156,24 +1161,31 @@ impl<K: Key, V: Spill> Inner<K, V> {
             else {
                 unreachable!("only the reader moves an entry out of Unspilling")
             };
-            if prefetch {
-                sub(&self.g.reserved, n.weight);
-            }
             waiters = *w;
-            let value = match &res {
-                Ok(v) => Arc::clone(v),
-                Err(_) => return res,
-            };
             // A value heavier than the target is not kept beyond its pins.
-            if waiters.is_empty() && n.weight > target {
+            let keep = res.is_ok() && !(waiters.is_empty() && n.weight > target);
+            {
+                // A prefetched value moves from reserved to resident in one
+                // step as `prefetch_one` sees it: count it resident first,
+                // under the admission lock, or a concurrent prefetch could
+                // find the room it held free for a moment and take it too.
+                let _admission = prefetch.then(|| self.admission.lock());
+                if keep {
+                    add(&self.g.resident, n.weight);
+                    add(&self.g.resident_count, 1);
+                }
+                if prefetch {
+                    sub(&self.g.reserved, n.weight);
+                }
+            }
+            let Ok(value) = &res else { return res };
+            if !keep {
                 return res;
             }
             n.state = State::Resident {
-                value,
+                value: Arc::clone(value),
                 disk: Some(loc),
             };
-            add(&self.g.resident, n.weight);
-            add(&self.g.resident_count, 1);
             if waiters.is_empty() {
                 core.link_front(idx, ListKind::Clean, self.next_tick());
             } else {
@@ -1227,6 +1239,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
             let w = n.weight;
             // Promise the memory first, so concurrent prefetches cannot
             // together pass the target.
+            let _admission = self.admission.lock();
             let unpinned = self.g.resident.load(Relaxed).saturating_sub(self.pinned());
             self.g
                 .reserved
