@@ -554,7 +554,8 @@ fn spill(o: &Opts, kind: &str, size: usize, count: usize) {
 /// in order or in zipf order, dropping the pin at once. The raw baseline is
 /// `pread()` of the same bytes from a plain file written just before (page
 /// cache warm in both), into a reused buffer; `raw_fresh` reads into a new
-/// `Vec` each time, as a decoded value must be.
+/// `Vec` each time, as a decoded value must be; `raw_fresh_vec_crc` also
+/// checksums each 256 KiB piece, the least a read that checks its data does.
 fn unspill(o: &Opts, order: &str, size: usize, count: usize) {
     reset_peak();
     let mut rng = StdRng::seed_from_u64(13);
@@ -572,7 +573,8 @@ fn unspill(o: &Opts, order: &str, size: usize, count: usize) {
     }
     b.flush_blocking().unwrap();
     drop(values);
-    let (mut bps, mut raws, mut fresh, mut lat) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut bps, mut raws, mut fresh, mut fresh_crc, mut lat) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut buf = vec![0u8; size];
     for _ in 0..o.repeat {
         let start = Instant::now();
@@ -588,6 +590,21 @@ fn unspill(o: &Opts, order: &str, size: usize, count: usize) {
             std::hint::black_box(v);
         }
         fresh.push(total / start.elapsed().as_secs_f64());
+        // The least a checked read must do: the same fresh vector, and a
+        // CRC-32 of each piece while it is in cache (as the buffer does).
+        let start = Instant::now();
+        for &i in &reads {
+            let mut v = vec![0u8; size];
+            let mut crc = crc32fast::Hasher::new();
+            let mut at = (i * size) as u64;
+            for piece in v.chunks_mut(256 << 10) {
+                raw_file.read_exact_at(piece, at).unwrap();
+                crc.update(piece);
+                at += piece.len() as u64;
+            }
+            std::hint::black_box((crc.finalize(), v));
+        }
+        fresh_crc.push(total / start.elapsed().as_secs_f64());
         let mut l = Vec::with_capacity(reads.len());
         let start = Instant::now();
         for &i in &reads {
@@ -602,6 +619,8 @@ fn unspill(o: &Opts, order: &str, size: usize, count: usize) {
     }
     let mut paired: Vec<f64> = bps.iter().zip(&raws).map(|(c, r)| c / r).collect();
     let paired = median(&mut paired);
+    let mut paired_crc: Vec<f64> = bps.iter().zip(&fresh_crc).map(|(c, r)| c / r).collect();
+    let paired_crc = median(&mut paired_crc);
     drop(b);
     drop(raw_file);
     let _ = std::fs::remove_file(path);
@@ -621,6 +640,8 @@ fn unspill(o: &Opts, order: &str, size: usize, count: usize) {
             extra: json!({
                 "raw_fresh_vec_bytes_per_s": median(&mut fresh).round(),
                 "ratio_paired_median": (paired * 1000.0).round() / 1000.0,
+                "raw_fresh_vec_crc_bytes_per_s": median(&mut fresh_crc).round(),
+                "ratio_to_fresh_vec_crc_paired_median": (paired_crc * 1000.0).round() / 1000.0,
             }),
         },
     );

@@ -73,22 +73,40 @@ impl Spill for Chunk {
         self.data.len() * 8
     }
 
+    /// The numbers, then the index: a trailer rather than a header, so
+    /// that `decode_in_place` can read the whole record into the vector
+    /// that becomes the chunk's data and pop the index off its end.
     fn encode(&self, out: &mut Vec<u8>) -> Result<(), BoxError> {
         let before = writes()[self.id as usize].fetch_add(1, Relaxed);
         if before > 0 {
             REWRITTEN_BYTES.fetch_add(8 + self.weight() as u64, Relaxed);
         }
-        out.extend_from_slice(&self.id.to_le_bytes());
         out.extend_from_slice(bytemuck::cast_slice(&self.data));
+        out.extend_from_slice(&self.id.to_le_bytes());
         Ok(())
     }
 
     fn decode(bytes: &[u8]) -> Result<Self, BoxError> {
-        let (id, data) = bytes.split_at_checked(8).ok_or("short chunk record")?;
+        let at = bytes.len().checked_sub(8).ok_or("short chunk record")?;
+        let (data, id) = bytes.split_at(at);
         Ok(Chunk {
             id: u64::from_le_bytes(id.try_into()?),
             data: bytemuck::pod_collect_to_vec(data),
         })
+    }
+
+    /// Straight from disk into the chunk's own memory: the read fills
+    /// `len / 8` numbers, the last of which holds the index.
+    fn decode_in_place(
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> Result<(), BoxError>,
+    ) -> Option<Result<Self, BoxError>> {
+        let data = Vec::<f64>::decode_in_place(len, fill)?;
+        Some(data.and_then(|mut d| {
+            let id = d.pop().ok_or("short chunk record")?;
+            let id = u64::from_le_bytes(id.to_bits().to_ne_bytes());
+            Ok(Chunk { id, data: d })
+        }))
     }
 }
 
