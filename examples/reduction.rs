@@ -434,6 +434,43 @@ fn plain_read(files: &[PathBuf]) -> (u64, f64) {
     (total, start.elapsed().as_secs_f64())
 }
 
+/// The floor for any reader that hands out values and checks its data:
+/// the same bytes read in `chunk`-sized pieces into fresh vectors, with a
+/// CRC-32 of each 256 KiB piece while it is in cache, the last `keep` of
+/// them kept alive (the chunks the host has not freed yet), so that the
+/// allocator recycles memory about as it does for the buffer. Returns
+/// seconds.
+fn checked_fresh_read(files: &[PathBuf], chunk: usize, keep: usize) -> f64 {
+    use std::os::unix::fs::FileExt;
+    let mut kept = VecDeque::new();
+    let start = Instant::now();
+    for f in files {
+        let Ok(file) = std::fs::File::open(f) else {
+            continue;
+        };
+        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+        let mut at = 0u64;
+        while at < len {
+            let n = chunk.min((len - at) as usize);
+            let mut v = vec![0u8; n];
+            let mut crc = crc32fast::Hasher::new();
+            for piece in v.chunks_mut(256 << 10) {
+                if let Err(e) = file.read_exact_at(piece, at) {
+                    panic!("read {}: {e}", f.display());
+                }
+                crc.update(piece);
+                at += piece.len() as u64;
+            }
+            std::hint::black_box(crc.finalize());
+            kept.push_back(v);
+            if kept.len() > keep {
+                kept.pop_front();
+            }
+        }
+    }
+    start.elapsed().as_secs_f64()
+}
+
 // ----- one mode -----------------------------------------------------------
 
 async fn run(o: &Opts, mode: &str) -> serde_json::Value {
@@ -510,6 +547,10 @@ async fn run(o: &Opts, mode: &str) -> serde_json::Value {
         drop_cache(&files);
     }
     let (plain_bytes, plain_seconds) = plain_read(&files);
+    if o.cold {
+        drop_cache(&files);
+    }
+    let floor_seconds = checked_fresh_read(&files, len * 8, o.free_lag + o.window);
     if o.cold {
         drop_cache(&files);
     }
@@ -683,6 +724,8 @@ async fn run(o: &Opts, mode: &str) -> serde_json::Value {
         "plain_read_seconds": round(plain_seconds, 3),
         "plain_read_gb_per_s": round(plain_bytes as f64 / plain_seconds / 1e9, 3),
         "wall_over_plain_read": round(wall / plain_seconds, 2),
+        "checked_fresh_read_seconds": round(floor_seconds, 3),
+        "wall_over_checked_fresh_read": round(wall / floor_seconds, 2),
         "ticker_late_ms_p50": round(percentile(&late, 0.50), 3),
         "ticker_late_ms_p99": round(percentile(&late, 0.99), 3),
         "ticker_late_ms_max": round(late.last().copied().unwrap_or(0.0), 3),
