@@ -65,7 +65,11 @@ impl<T: bytemuck::Pod + Send + Sync> Spill for Vec<T> {
         }
         // The source slice may be unaligned for T; copying into a fresh,
         // properly aligned vector is the one copy decode has to make.
-        Ok(bytemuck::pod_collect_to_vec(bytes))
+        // (`zeroed_vec` allocates zeroed memory in one call; a generic
+        // `vec![T::zeroed(); n]` would fill it element by element.)
+        let mut v: Vec<T> = bytemuck::zeroed_vec(bytes.len() / size);
+        bytemuck::cast_slice_mut::<T, u8>(&mut v).copy_from_slice(bytes);
+        Ok(v)
     }
 
     fn as_encoded(&self) -> Option<&[u8]> {
