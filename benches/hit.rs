@@ -1,6 +1,7 @@
 //! The hit path: `try_pin` and `get` of resident keys, one and two threads
 //! (each on its own keys), next to a plain `HashMap` lookup with an `Arc`
-//! clone and a `memcpy` of the value.
+//! clone and a `memcpy` of the value, and the same lookup on one and two
+//! threads that share nothing: the two-thread scaling the machine allows.
 
 #[path = "common/mod.rs"]
 mod common;
@@ -46,6 +47,38 @@ fn run(b: &common::Buf, threads: usize, iters: u64, get: bool) -> Duration {
     })
 }
 
+/// The hardware's ceiling for the same loop: `threads` threads each look
+/// their keys up in a `HashMap` of their own and clone (then drop) the
+/// `Arc` found, sharing nothing. The time is the slowest thread's.
+fn run_parallel_floor(threads: usize, iters: u64) -> Duration {
+    let barrier = Barrier::new(threads);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    let span = KEYS / threads as u64;
+                    let keys = t as u64 * span..(t as u64 + 1) * span;
+                    let map: HashMap<u64, Arc<Vec<f64>>> = keys
+                        .map(|k| (k, Arc::new(vec![k as f64; VALUE / 8])))
+                        .collect();
+                    let mut rng = common::rng(t as u64);
+                    let order: Vec<u64> = (0..4096)
+                        .map(|_| t as u64 * span + rng.gen_range(0..span))
+                        .collect();
+                    barrier.wait();
+                    let start = Instant::now();
+                    for i in 0..iters as usize {
+                        black_box(map.get(&order[i & 4095]).cloned());
+                    }
+                    start.elapsed()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).max().unwrap()
+    })
+}
+
 fn hit(c: &mut Criterion) {
     let dir = common::dir();
     let b = common::buffer(dir.path(), usize::MAX / 2);
@@ -62,6 +95,10 @@ fn hit(c: &mut Criterion) {
         g.bench_function(format!("get/{threads}-threads"), |bn| {
             bn.iter_custom(|iters| run(&b, threads, iters, true))
         });
+        g.bench_function(
+            format!("raw/parallel-hashmap-get-arc-clone/{threads}-threads"),
+            |bn| bn.iter_custom(|iters| run_parallel_floor(threads, iters)),
+        );
     }
     g.throughput(Throughput::Bytes(VALUE as u64));
     let map: HashMap<u64, Arc<Vec<f64>>> = (0..KEYS)

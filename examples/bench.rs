@@ -307,12 +307,14 @@ fn hit(o: &Opts, use_get: bool) {
     let name = if use_get { "get" } else { "try_pin" };
     let mut one_thread = 0.0;
     let mut one_thread_cpu = 0.0;
+    let mut one_thread_par = 0.0;
     for &t in &o.threads {
         reset_peak();
         let mut ops = Vec::new();
         let mut raws = Vec::new();
         let mut lat = Vec::new();
         let mut cpu_per_op = Vec::new();
+        let mut pars = Vec::new();
         for rep in 0..o.repeat {
             let per_thread = o.hit_ops / 64 * 64;
             let barrier = Barrier::new(t);
@@ -366,7 +368,17 @@ fn hit(o: &Opts, use_get: bool) {
                 std::hint::black_box(raw_map.get(&order[i & 4095]).cloned());
             }
             raws.push(per_thread as f64 / start.elapsed().as_secs_f64());
+            pars.push(parallel_floor(keys, t, per_thread, rep as u64));
         }
+        let par = median(&mut pars);
+        if t == 1 {
+            one_thread_par = par;
+        }
+        let par_scaling = if one_thread_par > 0.0 && t > 1 {
+            par / one_thread_par
+        } else {
+            1.0
+        };
         let ops = median(&mut ops);
         let cpu_ns = median(&mut cpu_per_op);
         if t == 1 {
@@ -402,10 +414,46 @@ fn hit(o: &Opts, use_get: bool) {
                     "cpu_ns_per_op": (cpu_ns * 10.0).round() / 10.0,
                     "cpu_scaling_vs_1_thread": (cpu_scaling * 1000.0).round() / 1000.0,
                     "resident_keys": keys,
+                    "parallel_floor_ops_per_s": par.round(),
+                    "parallel_floor_scaling_vs_1_thread": (par_scaling * 1000.0).round() / 1000.0,
                 }),
             },
         );
     }
+}
+
+/// The hardware's ceiling for `t` threads on the hit path: each thread
+/// looks keys up in a `HashMap` of its own and clones (then drops) the
+/// `Arc` it finds, sharing nothing. Returns ops/s over all threads (wall
+/// time of the slowest), so its scaling is what the crate's can reach.
+fn parallel_floor(keys: u64, t: usize, per_thread: usize, seed: u64) -> f64 {
+    let barrier = Barrier::new(t);
+    let slowest = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..t)
+            .map(|ti| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    let span = keys / t as u64;
+                    let map: HashMap<u64, Arc<Vec<f64>>> = (ti as u64 * span
+                        ..(ti as u64 + 1) * span)
+                        .map(|k| (k, Arc::new(vec![k as f64; 8])))
+                        .collect();
+                    let mut rng = StdRng::seed_from_u64(seed * 100 + ti as u64);
+                    let order: Vec<u64> = (0..4096)
+                        .map(|_| ti as u64 * span + rng.gen_range(0..span))
+                        .collect();
+                    barrier.wait();
+                    let start = Instant::now();
+                    for i in 0..per_thread {
+                        std::hint::black_box(map.get(&order[i & 4095]).cloned());
+                    }
+                    start.elapsed()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).max().unwrap()
+    });
+    (per_thread * t) as f64 / slowest.as_secs_f64()
 }
 
 /// Insert into memory only (target far above the data).

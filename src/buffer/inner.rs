@@ -9,6 +9,7 @@
 use super::core::{Core, ListKind, Node, State};
 use super::hash::KeyHash;
 use super::pinned::{PinAt, PinOwner, PinResult, Pinned, Waiter};
+use super::tick::Ticks;
 use super::Key;
 use crate::codec::{self, Codec, Compression};
 use crate::error::{BoxError, Error, Result};
@@ -31,6 +32,9 @@ use std::time::Instant;
 pub(crate) struct Shard<K, V> {
     pub core: Mutex<Core<K, V>>,
     tails: [AtomicU64; 2],
+    /// The newest LRU tick taken for this shard. Written only under the
+    /// shard lock; read without it by [`Ticks::next_synced`].
+    clock: AtomicU64,
     /// Weight of this shard's pinned values. Written only under the shard
     /// lock (a load and a store, no read-modify-write), on the shard's own
     /// cache line: pins of keys in different shards never contend on it.
@@ -79,7 +83,7 @@ pub(crate) struct Inner<K, V> {
     pub target: AtomicUsize,
     pub limit: AtomicUsize,
     pub limit_follows_target: bool,
-    tick: Padded<AtomicU64>,
+    ticks: Ticks,
     next_version: AtomicU64,
     pub g: Padded<Gauges>,
     pub compression: Compression,
@@ -188,6 +192,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
                 .map(|_| Shard {
                     core: Mutex::new(Core::with_hash(hasher)),
                     tails: [AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX)],
+                    clock: AtomicU64::new(0),
                     pinned: AtomicUsize::new(0),
                 })
                 .collect(),
@@ -195,7 +200,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
             target: AtomicUsize::new(cfg.target),
             limit: AtomicUsize::new(cfg.limit.unwrap_or(cfg.target)),
             limit_follows_target: cfg.limit.is_none(),
-            tick: Padded(AtomicU64::new(1)),
+            ticks: Ticks::new(),
             next_version: AtomicU64::new(1),
             g: Padded(Gauges::default()),
             compression: cfg.compression,
@@ -218,14 +223,31 @@ impl<K: Key, V: Spill> Inner<K, V> {
 
     fn shard_of_hash(&self, hash: u64) -> usize {
         // Middle bits: the table inside the shard uses the low ones for the
-        // bucket and the top seven for its control bytes.
-        ((hash >> 40) as usize) % self.shards.len()
+        // bucket and the top seven for its control bytes. Scaled by a
+        // multiply rather than reduced by `%`: a division costs more than
+        // the rest of the hashing.
+        let mid = (hash >> 24) & 0xffff_ffff;
+        ((mid * self.shards.len() as u64) >> 32) as usize
     }
 
-    /// Take a tick only under the lock of the shard whose list it orders:
-    /// two threads that took theirs first could link in the other order.
-    fn next_tick(&self) -> u64 {
-        self.tick.fetch_add(1, Relaxed)
+    /// A tick for a use of an entry of shard `s` by the host. Take it only
+    /// under the lock of the shard whose list it orders: two threads that
+    /// took theirs first could link in the other order.
+    fn next_tick(&self, s: usize) -> u64 {
+        let clock = &self.shards[s].clock;
+        let t = self.ticks.next(clock.load(Relaxed));
+        clock.store(t, Relaxed);
+        t
+    }
+
+    /// [`Inner::next_tick`] for work on the IO pool: after every tick
+    /// taken before the job (see [`Ticks::next_synced`]).
+    fn next_tick_synced(&self, s: usize) -> u64 {
+        let t = self
+            .ticks
+            .next_synced(self.shards.iter().map(|sh| sh.clock.load(Relaxed)));
+        self.shards[s].clock.store(t, Relaxed);
+        t
     }
 
     pub(crate) fn target(&self) -> usize {
@@ -246,10 +268,35 @@ impl<K: Key, V: Spill> Inner<K, V> {
         self.me.upgrade().expect("inner is alive while used")
     }
 
-    fn pin_handle(&self, s: usize, idx: u32, version: u64, value: Arc<V>) -> Pinned<V> {
+    /// One [`ShardOwner`] per shard, for the handles to give their pins.
+    pub(crate) fn shard_owners(self: &Arc<Self>) -> Box<[Arc<dyn PinOwner<V>>]> {
+        (0..self.shards.len())
+            .map(|_| -> Arc<dyn PinOwner<V>> {
+                Arc::new(ShardOwner {
+                    inner: Arc::clone(self),
+                })
+            })
+            .collect()
+    }
+
+    /// A guard for a pin of slot `idx` of shard `s` already counted on its
+    /// entry. Pins made for a handle hold that shard's owner; those made on
+    /// the IO pool (rare: a read that lands) hold the buffer itself.
+    fn pin_handle(
+        &self,
+        s: usize,
+        idx: u32,
+        version: u64,
+        value: Arc<V>,
+        owners: Option<&[Arc<dyn PinOwner<V>>]>,
+    ) -> Pinned<V> {
+        let owner = match owners.and_then(|o| o.get(s)) {
+            Some(o) => Arc::clone(o),
+            None => self.owner(),
+        };
         Pinned::new(
             value,
-            self.owner(),
+            owner,
             PinAt {
                 shard: s as u32,
                 slot: idx,
@@ -318,7 +365,12 @@ impl<K: Key, V: Spill> Inner<K, V> {
 
     /// Find `key` for a read. With a waiter, a value on disk gets a read
     /// started or joined; without one, only a memory hit pins.
-    pub(crate) fn lookup(&self, key: &K, waiter: Option<Waiter<V>>) -> Lookup<V> {
+    pub(crate) fn lookup(
+        &self,
+        key: &K,
+        waiter: Option<Waiter<V>>,
+        owners: &[Arc<dyn PinOwner<V>>],
+    ) -> Lookup<V> {
         let hash = self.hasher.of(key);
         let s = self.shard_of_hash(hash);
         let hit = self.with_shard(s, |core| {
@@ -355,7 +407,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
             }
         });
         match hit {
-            Ok((idx, version, v)) => Lookup::Hit(self.pin_handle(s, idx, version, v)),
+            Ok((idx, version, v)) => Lookup::Hit(self.pin_handle(s, idx, version, v, Some(owners))),
             Err(l) => l,
         }
     }
@@ -387,7 +439,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
             if oversized {
                 add(&self.g.spilling, weight);
             } else {
-                core.link_front(idx, ListKind::Dirty, self.next_tick());
+                core.link_front(idx, ListKind::Dirty, self.next_tick(s));
             }
             // Readers waiting on the old value's disk read get the new one.
             let mut served = Vec::new();
@@ -409,6 +461,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
                 idx,
                 version,
                 Arc::clone(&value),
+                None,
             ))));
         }
         if let Some(key) = job_key {
@@ -1001,7 +1054,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
             // Most recently used: the next eviction tries another value
             // rather than this one again.
             if n.pins == 0 {
-                core.link_front(idx, ListKind::Dirty, self.next_tick());
+                core.link_front(idx, ListKind::Dirty, self.next_tick_synced(s));
             }
         });
         // Nothing retries the eviction until the host acts again, so with
@@ -1187,7 +1240,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
                 disk: Some(loc),
             };
             if waiters.is_empty() {
-                core.link_front(idx, ListKind::Clean, self.next_tick());
+                core.link_front(idx, ListKind::Clean, self.next_tick_synced(s));
             } else {
                 for _ in 0..waiters.len() {
                     self.pin_node(s, core, idx);
@@ -1203,6 +1256,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
                         idx_out,
                         version,
                         Arc::clone(&value),
+                        None,
                     ))));
                 }
                 drop(value);
@@ -1624,7 +1678,7 @@ impl<K: Key, V: Spill> PinOwner<V> for Inner<K, V> {
                     if n.consumed {
                         core.link_back(at.slot, kind);
                     } else {
-                        core.link_front(at.slot, kind, self.next_tick());
+                        core.link_front(at.slot, kind, self.next_tick(at.shard as usize));
                     }
                     None
                 }
@@ -1634,11 +1688,41 @@ impl<K: Key, V: Spill> PinOwner<V> for Inner<K, V> {
         // The guard's handle goes first, so that the entry's (if freed) is
         // the last one and the free happens on the pool.
         self.drop_value(guard);
+        let freed_any = freed.is_some();
         if let Some(value) = freed {
             Metrics::add(&self.metrics.clean_evictions, 1);
             self.drop_value(value);
         }
-        self.evict_to_target();
+        // An unpin that freed nothing moved neither the resident nor the
+        // spilling gauge, so it cannot release an `insert_async` waiter;
+        // it needs eviction only if the value it made evictable passes
+        // the target. Skipping the rest keeps a fence off the hit path.
+        if freed_any || self.over_target() > 0 {
+            self.evict_to_target();
+        }
+    }
+}
+
+/// The buffer as the pins of one shard hold it. Each shard has its own
+/// (owned by the [`super::SpillBuffer`] handles), so that a pin and its
+/// release update a reference count that only pins of the same shard
+/// share: with one `Arc<Inner>` cloned and dropped by every pin, two
+/// threads pinning different keys wrote the same cache line each time.
+/// Aligned so that each count sits on a cache line of its own. A guard
+/// keeps the buffer alive through its owner, even after the last handle
+/// is gone.
+#[repr(align(128))]
+pub(crate) struct ShardOwner<K, V> {
+    inner: Arc<Inner<K, V>>,
+}
+
+impl<K: Key, V: Spill> PinOwner<V> for ShardOwner<K, V> {
+    fn repin(&self, at: PinAt) {
+        self.inner.repin(at);
+    }
+
+    fn unpin(&self, at: PinAt, consume: bool, value: Arc<V>) {
+        self.inner.unpin(at, consume, value);
     }
 }
 

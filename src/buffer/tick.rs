@@ -1,0 +1,119 @@
+//! LRU ticks without a counter that every use writes. A shared
+//! `fetch_add` per unpin made one cache line bounce between the cores of
+//! two threads pinning different keys. Instead a tick is a Lamport-style
+//! clock: above the newest tick of the shard it orders (so each shard's
+//! lists stay in tick order), above the last tick this thread took (so one
+//! thread's uses are ordered exactly, across shards), and at least the
+//! buffer's published clock, which a thread advances only once its own
+//! ticks are [`SLACK`] past it. Two threads' ticks thus never drift more
+//! than `SLACK` apart: for eviction, entries used by different threads are
+//! ordered within that many uses of each other.
+//!
+//! Work on the IO pool (a read that lands, a failed write put back) uses
+//! [`Ticks::next_synced`]: it reads every shard's newest tick and
+//! publishes its own, so that it comes after every use that happened
+//! before the job, and the host's next use after it (after `flush`, say)
+//! comes after it in turn.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// How far a thread's ticks may run ahead of the published clock before it
+/// publishes: one shared write per this many ticks, and the bound on how
+/// far apart two threads' ticks can drift.
+pub(crate) const SLACK: u64 = 64;
+
+thread_local! {
+    /// The last tick this thread took, in any buffer (ticks only need to
+    /// rise; sharing the cell across buffers costs nothing).
+    static LAST: Cell<u64> = const { Cell::new(0) };
+}
+
+/// The buffer's published clock, on cache lines of its own: read by every
+/// tick, written once per [`SLACK`] ticks.
+#[repr(align(128))]
+pub(crate) struct Ticks {
+    published: AtomicU64,
+}
+
+impl Ticks {
+    pub(crate) fn new() -> Self {
+        Ticks {
+            published: AtomicU64::new(0),
+        }
+    }
+
+    /// A tick for an entry of a shard whose newest tick is `floor`. Take it
+    /// under that shard's lock and store it as the shard's newest.
+    #[inline]
+    pub(crate) fn next(&self, floor: u64) -> u64 {
+        let published = self.published.load(Relaxed);
+        let t = LAST.with(|last| {
+            let t = last.get().max(floor).max(published) + 1;
+            last.set(t);
+            t
+        });
+        if t >= published.saturating_add(SLACK) {
+            self.published.fetch_max(t, Relaxed);
+        }
+        t
+    }
+
+    /// A tick after every tick in `floors` (every shard's newest) and every
+    /// published one, published at once. For work that runs on the IO pool
+    /// on behalf of the host. Take it under the lock of the shard it orders.
+    pub(crate) fn next_synced(&self, floors: impl Iterator<Item = u64>) -> u64 {
+        let floor = floors.max().unwrap_or(0);
+        let t = self.next(floor);
+        self.published.fetch_max(t, Relaxed);
+        t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_thread_is_ordered_exactly_across_floors() {
+        let ticks = Ticks::new();
+        let mut prev = 0;
+        // Shards whose newest ticks lag far behind, or run ahead.
+        for floor in [0, 5, 0, 1000, 3, 0, 2000, 1999] {
+            let t = ticks.next(floor);
+            assert!(t > prev, "tick {t} after {prev}");
+            assert!(t > floor, "tick {t} not above its shard's {floor}");
+            prev = t;
+        }
+    }
+
+    #[test]
+    fn threads_drift_at_most_slack_apart() {
+        let ticks = Ticks::new();
+        let mut ahead = 0;
+        for _ in 0..10_000 {
+            ahead = ticks.next(0);
+        }
+        // A fresh thread, which has taken no tick yet, starts no further
+        // than SLACK behind the busy one.
+        let behind = std::thread::scope(|s| s.spawn(|| ticks.next(0)).join().unwrap());
+        assert!(
+            behind + SLACK >= ahead,
+            "fresh thread at {behind}, busy one at {ahead}"
+        );
+    }
+
+    #[test]
+    fn a_synced_tick_comes_after_every_floor_and_is_published() {
+        let ticks = Ticks::new();
+        let synced = std::thread::scope(|s| {
+            s.spawn(|| ticks.next_synced([7, 500, 42].into_iter()))
+                .join()
+                .unwrap()
+        });
+        assert!(synced > 500);
+        // Another thread's next tick comes after it, whatever its own past.
+        let later = std::thread::scope(|s| s.spawn(|| ticks.next(0)).join().unwrap());
+        assert!(later > synced, "{later} after the synced {synced}");
+    }
+}
