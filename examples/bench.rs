@@ -220,7 +220,7 @@ struct Line {
 }
 
 fn emit(o: &Opts, l: Line) {
-    let own = if l.raw_name.ends_with("ops/s") {
+    let own = if l.raw_name.ends_with("(ops/s)") {
         l.ops_per_s
     } else {
         l.bytes_per_s
