@@ -471,6 +471,19 @@ fn checked_fresh_read(files: &[PathBuf], chunk: usize, keep: usize) -> f64 {
     start.elapsed().as_secs_f64()
 }
 
+/// Lateness of a 1 ms ticker over `span` on the current runtime, sorted.
+async fn idle_ticker(span: Duration) -> Vec<f64> {
+    let end = Instant::now() + span;
+    let mut late = Vec::new();
+    while Instant::now() < end {
+        let due = tokio::time::Instant::now() + Duration::from_millis(1);
+        tokio::time::sleep_until(due).await;
+        late.push((tokio::time::Instant::now() - due).as_secs_f64() * 1e3);
+    }
+    late.sort_by(f64::total_cmp);
+    late
+}
+
 // ----- one mode -----------------------------------------------------------
 
 async fn run(o: &Opts, mode: &str) -> serde_json::Value {
@@ -671,6 +684,9 @@ async fn run(o: &Opts, mode: &str) -> serde_json::Value {
     let (mut late, mut own, worst_tick) = ticker.await.expect("ticker");
     late.sort_by(f64::total_cmp);
     own.sort_by(f64::total_cmp);
+    // The same ticker on the same loop for as long again, with the buffer
+    // idle: how late this machine wakes an event loop that does nothing.
+    let idle = idle_ticker(Duration::from_secs_f64(wall.max(1.0))).await;
     let after = buf.stats();
 
     let (mut first_writes, mut rewritten) = (0u64, 0u64);
@@ -729,6 +745,8 @@ async fn run(o: &Opts, mode: &str) -> serde_json::Value {
         "ticker_late_ms_p50": round(percentile(&late, 0.50), 3),
         "ticker_late_ms_p99": round(percentile(&late, 0.99), 3),
         "ticker_late_ms_max": round(late.last().copied().unwrap_or(0.0), 3),
+        "idle_ticker_late_ms_p99": round(percentile(&idle, 0.99), 3),
+        "idle_ticker_late_ms_max": round(idle.last().copied().unwrap_or(0.0), 3),
         "ticker_late_excl_cpu_wait_ms_p99": round(percentile(&own, 0.99), 3),
         "ticker_late_excl_cpu_wait_ms_max": round(own.last().copied().unwrap_or(0.0), 3),
         "worst_tick_ms_late_cpu_cpuwait": [
