@@ -17,6 +17,9 @@
 //! costs about as much as the call itself). Peak RSS is VmHWM, reset
 //! before each workload.
 
+#[path = "../benches/common/mod.rs"]
+mod common;
+
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
@@ -154,45 +157,6 @@ fn percentiles(mut ns: Vec<u64>) -> (u64, u64, u64) {
 /// Never inside a timed region.
 fn sync_disk() {
     let _ = std::process::Command::new("sync").status();
-}
-
-fn random_f64(rng: &mut StdRng, bytes: usize) -> Vec<f64> {
-    (0..bytes / 8).map(|_| rng.gen::<f64>()).collect()
-}
-
-/// Half the elements zero (in runs, as sparse results are), half random.
-fn half_zeros(rng: &mut StdRng, bytes: usize) -> Vec<f64> {
-    let n = bytes / 8;
-    (0..n)
-        .map(|i| {
-            if (i / 512) % 2 == 0 {
-                0.0
-            } else {
-                rng.gen::<f64>()
-            }
-        })
-        .collect()
-}
-
-/// Zipf(1) sampler over `n` ranks, by inverse CDF.
-fn zipf_draws(rng: &mut StdRng, n: usize, draws: usize) -> Vec<usize> {
-    let mut cdf = Vec::with_capacity(n);
-    let mut sum = 0.0;
-    for r in 1..=n {
-        sum += 1.0 / r as f64;
-        cdf.push(sum);
-    }
-    // Ranks are shuffled over keys so that hot keys are not the first written.
-    let mut perm: Vec<usize> = (0..n).collect();
-    for i in (1..n).rev() {
-        perm.swap(i, rng.gen_range(0..=i));
-    }
-    (0..draws)
-        .map(|_| {
-            let u = rng.gen::<f64>() * sum;
-            perm[cdf.partition_point(|&c| c < u).min(n - 1)]
-        })
-        .collect()
 }
 
 type Buf = SpillBuffer<u64, Vec<f64>>;
@@ -462,7 +426,9 @@ fn insert(o: &Opts, size: usize, count: usize) {
     let mut rng = StdRng::seed_from_u64(7);
     let (mut bps, mut raws, mut lat) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..o.repeat {
-        let values: Vec<Vec<f64>> = (0..count).map(|_| random_f64(&mut rng, size)).collect();
+        let values: Vec<Vec<f64>> = (0..count)
+            .map(|_| common::random_f64(&mut rng, size))
+            .collect();
         let b = buffer(o, usize::MAX / 2);
         let mut l = Vec::with_capacity(count);
         let start = Instant::now();
@@ -475,7 +441,9 @@ fn insert(o: &Opts, size: usize, count: usize) {
         lat.extend(l);
         drop(b);
         // Raw: the same values into a std HashMap.
-        let values: Vec<Vec<f64>> = (0..count).map(|_| random_f64(&mut rng, size)).collect();
+        let values: Vec<Vec<f64>> = (0..count)
+            .map(|_| common::random_f64(&mut rng, size))
+            .collect();
         let mut m = HashMap::new();
         let start = Instant::now();
         for (i, v) in values.into_iter().enumerate() {
@@ -502,10 +470,6 @@ fn insert(o: &Opts, size: usize, count: usize) {
     );
 }
 
-fn as_bytes(v: &[f64]) -> &[u8] {
-    bytemuck::cast_slice(v)
-}
-
 /// Write each value with one `write()` to a fresh file in `dir`.
 fn raw_write(dir: &Path, values: &[Vec<f64>]) -> (f64, PathBuf) {
     let path = dir.join("raw-baseline.bin");
@@ -513,7 +477,7 @@ fn raw_write(dir: &Path, values: &[Vec<f64>]) -> (f64, PathBuf) {
     let mut f = File::create(&path).unwrap();
     let start = Instant::now();
     for v in values {
-        f.write_all(as_bytes(v)).unwrap();
+        f.write_all(common::bytes(v)).unwrap();
     }
     let secs = start.elapsed().as_secs_f64();
     (secs, path)
@@ -532,8 +496,8 @@ fn spill(o: &Opts, kind: &str, size: usize, count: usize) {
     let make = |rng: &mut StdRng| -> Vec<Vec<f64>> {
         (0..count)
             .map(|_| match kind {
-                "half-zeros" => half_zeros(rng, size),
-                _ => random_f64(rng, size),
+                "half-zeros" => common::half_zeros(rng, size),
+                _ => common::random_f64(rng, size),
             })
             .collect()
     };
@@ -607,9 +571,11 @@ fn spill(o: &Opts, kind: &str, size: usize, count: usize) {
 fn unspill(o: &Opts, order: &str, size: usize, count: usize) {
     reset_peak();
     let mut rng = StdRng::seed_from_u64(13);
-    let values: Vec<Vec<f64>> = (0..count).map(|_| random_f64(&mut rng, size)).collect();
+    let values: Vec<Vec<f64>> = (0..count)
+        .map(|_| common::random_f64(&mut rng, size))
+        .collect();
     let reads: Vec<usize> = match order {
-        "zipf" => zipf_draws(&mut rng, count, count),
+        "zipf" => common::zipf(&mut rng, count, count),
         _ => (0..count).collect(),
     };
     let total = (reads.len() * size) as f64;

@@ -89,17 +89,22 @@ fn types_without_in_place_paths_still_round_trip() {
     }
 }
 
+/// Everything on disk, raw records, over a storage layer that fails on demand.
+fn large_buffer(dir: &std::path::Path, storage: FaultyStorage) -> SpillBuffer<u64, Vec<u8>> {
+    SpillBuffer::builder(dir)
+        .memory_target(0)
+        .compression(Compression::None)
+        .storage(Arc::new(storage))
+        .build()
+        .unwrap()
+}
+
 #[test]
 fn corrupted_large_record_is_reported_and_others_still_read() {
     let tmp = tempfile::tempdir().unwrap();
     let storage = FaultyStorage::new();
     let faults = storage.faults();
-    let b: SpillBuffer<u64, Vec<u8>> = SpillBuffer::builder(tmp.path())
-        .memory_target(0)
-        .compression(Compression::None)
-        .storage(Arc::new(storage))
-        .build()
-        .unwrap();
+    let b = large_buffer(tmp.path(), storage);
     b.insert(1, value(1, BIG)).unwrap();
     b.insert(2, value(2, BIG)).unwrap();
     b.flush_blocking().unwrap();
@@ -119,12 +124,7 @@ fn failed_large_write_keeps_the_value_in_memory() {
     let tmp = tempfile::tempdir().unwrap();
     let storage = FaultyStorage::new();
     let faults = storage.faults();
-    let b: SpillBuffer<u64, Vec<u8>> = SpillBuffer::builder(tmp.path())
-        .memory_target(0)
-        .compression(Compression::None)
-        .storage(Arc::new(storage))
-        .build()
-        .unwrap();
+    let b = large_buffer(tmp.path(), storage);
     faults.fail_nth_write(1, spillbuffer::testing::WriteFault::Short);
     b.insert(1, value(1, BIG)).unwrap();
     b.flush_blocking().unwrap();

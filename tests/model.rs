@@ -55,6 +55,17 @@ fn cases(default: u32) -> u32 {
         .unwrap_or(default)
 }
 
+/// `default` cases (or `SPILLBUFFER_CASES`), bounded shrinking, no
+/// persistence files.
+fn config(default: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases: cases(default),
+        max_shrink_iters: 400,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
 fn tmp() -> tempfile::TempDir {
     tempfile::tempdir().expect("temp dir")
 }
@@ -64,12 +75,7 @@ fn run(dir: &Path, cfg_byte: u8, faults: bool, ops: &[Op]) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: cases(6000),
-        max_shrink_iters: 400,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(config(6000))]
 
     #[test]
     fn buffer_agrees_with_a_hashmap(cfg in any::<u8>(), ops in prop::collection::vec(op(), 1..48)) {
@@ -79,12 +85,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: cases(4000),
-        max_shrink_iters: 400,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(config(4000))]
 
     /// IO overlaps with the operations: validate() only on Flush and at the
     /// end; values, len and contains_key after every step.
@@ -96,12 +97,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: cases(4000),
-        max_shrink_iters: 400,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(config(4000))]
 
     #[test]
     fn nothing_is_lost_under_storage_faults(cfg in any::<u8>(), ops in prop::collection::vec(fault_op(), 1..48)) {
@@ -111,12 +107,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: cases(3000),
-        max_shrink_iters: 400,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(config(3000))]
 
     /// Faults while IO overlaps with the operations.
     #[test]

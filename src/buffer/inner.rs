@@ -843,12 +843,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
         match res {
             Ok(locs) => {
                 for ((job, s, _), loc) in packed.into_iter().zip(locs) {
-                    let SpillJob {
-                        key,
-                        version,
-                        value,
-                    } = job;
-                    drop(value);
+                    let (key, version) = job.written();
                     self.spill_done(s, key, version, loc);
                 }
             }
@@ -860,12 +855,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
                 for (job, s, len) in packed {
                     let rec = &buf[at..at + len as usize];
                     at += len as usize;
-                    let SpillJob {
-                        key,
-                        version,
-                        value,
-                    } = job;
-                    drop(value);
+                    let (key, version) = job.written();
                     match self.store.write(&key, rec) {
                         Ok(loc) => self.spill_done(s, key, version, loc),
                         Err(e) => self.spill_failed(s, &key, version, e),
@@ -1594,6 +1584,15 @@ struct SpillJob<K, V> {
     key: K,
     version: u64,
     value: Arc<V>,
+}
+
+impl<K, V> SpillJob<K, V> {
+    /// The job's record is written (or its write is settled): let go of the
+    /// pool's handle on the value before the entry is updated, and keep
+    /// what names the entry.
+    fn written(self) -> (K, u64) {
+        (self.key, self.version)
+    }
 }
 
 /// Piece size of an in-place read: each piece is checksummed right after it
