@@ -3,10 +3,10 @@
 //! directory, and prints one JSON line per workload.
 //!
 //! ```text
-//! cargo run --release --example bench -- [--workload all|metadata|hit|get|insert|spill|unspill]
+//! cargo run --release --example bench -- [--workload all|metadata|hit|get|insert|spill|unspill|unspill-pipelined]
 //!     [--dir DIR] [--small BYTES] [--large BYTES] [--count-small N] [--count-large N]
 //!     [--target BYTES] [--threads 1,2] [--compression lz4|none] [--keys N] [--io-threads N]
-//!     [--hit-ops N] [--hit-keys N] [--repeat R]
+//!     [--hit-ops N] [--hit-keys N] [--repeat R] [--window W]
 //! ```
 //!
 //! Every figure is the median of `--repeat` runs; crate and raw runs
@@ -14,8 +14,9 @@
 //! values per second (spill, unspill, insert) or operations per second
 //! (hit, get). Latencies are per operation on the caller's thread: for the
 //! hit path, each sample is the mean of a batch of 64 calls (a clock read
-//! costs about as much as the call itself). Peak RSS is VmHWM, reset
-//! before each workload.
+//! costs about as much as the call itself); for the pipelined unspill, each
+//! is one `pin` from its first poll to its value, its wait behind the other
+//! reads in flight included. Peak RSS is VmHWM, reset before each workload.
 
 #[path = "../benches/common/mod.rs"]
 mod common;
@@ -27,7 +28,6 @@ use spillbuffer::{Compression, SpillBuffer};
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -47,13 +47,14 @@ struct Opts {
     hit_ops: usize,
     hit_keys: usize,
     repeat: usize,
+    window: usize,
 }
 
 fn usage() -> ! {
     eprintln!(
-        "usage: bench [--workload all|metadata|hit|get|insert|spill|unspill] [--dir DIR] \
+        "usage: bench [--workload all|metadata|hit|get|insert|spill|unspill|unspill-pipelined] [--dir DIR] \
          [--small BYTES] [--large BYTES] [--count-small N] [--count-large N] [--target BYTES] \
-         [--threads 1,2] [--compression lz4|none] [--keys N] [--io-threads N] [--hit-ops N] [--hit-keys N] [--repeat R]"
+         [--threads 1,2] [--compression lz4|none] [--keys N] [--io-threads N] [--hit-ops N] [--hit-keys N] [--repeat R] [--window W]"
     );
     std::process::exit(2)
 }
@@ -74,6 +75,7 @@ fn parse() -> Opts {
         hit_ops: 2_000_000,
         hit_keys: 10_000,
         repeat: 3,
+        window: 4,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -100,6 +102,7 @@ fn parse() -> Opts {
             "--hit-ops" => o.hit_ops = num(val()),
             "--hit-keys" => o.hit_keys = num(val()).max(1),
             "--repeat" => o.repeat = num(val()).max(1),
+            "--window" => o.window = num(val()).max(1),
             _ => usage(),
         }
     }
@@ -536,8 +539,7 @@ fn spill(o: &Opts, kind: &str, size: usize, count: usize) {
             drop(b);
         }
     }
-    let mut paired: Vec<f64> = bps.iter().zip(&raws).map(|(c, r)| c / r).collect();
-    let paired = median(&mut paired);
+    let paired = paired_median(&bps, &raws);
     let bps = median(&mut bps);
     emit(
         o,
@@ -554,7 +556,7 @@ fn spill(o: &Opts, kind: &str, size: usize, count: usize) {
             extra: json!({
                 "target": target,
                 "stored_bytes_last_run": stored,
-                "ratio_paired_median": (paired * 1000.0).round() / 1000.0,
+                "ratio_paired_median": paired,
                 "io_pool_spill_seconds_last_run": pool_secs.0,
                 "wall_seconds_last_run": pool_secs.1,
             }),
@@ -562,13 +564,38 @@ fn spill(o: &Opts, kind: &str, size: usize, count: usize) {
     );
 }
 
-/// Unspill throughput: every value on disk (target 0), then `get` each key
-/// in order or in zipf order, dropping the pin at once. The raw baseline is
-/// `pread()` of the same bytes from a plain file written just before (page
-/// cache warm in both), into a reused buffer; `raw_fresh` reads into a new
-/// `Vec` each time, as a decoded value must be; `raw_fresh_vec_crc` also
-/// checksums each 256 KiB piece, the least a read that checks its data does.
-fn unspill(o: &Opts, order: &str, size: usize, count: usize) {
+/// Which unspill lines a run emits.
+#[derive(Clone, Copy, PartialEq)]
+enum Unspill {
+    /// `unspill-*` (blocking `get`) and `unspill-pipelined-*`.
+    Both,
+    /// `unspill-pipelined-*` only.
+    Pipelined,
+}
+
+/// Median of the per-repeat ratios `own[i] / raw[i]`, to 3 decimals.
+fn paired_median(own: &[f64], raw: &[f64]) -> f64 {
+    let mut r: Vec<f64> = own.iter().zip(raw).map(|(c, r)| c / r).collect();
+    (median(&mut r) * 1000.0).round() / 1000.0
+}
+
+/// Unspill throughput: every value on disk (target 0), then read each key
+/// in order or in zipf order, dropping the pin at once, two ways:
+///
+/// - `unspill-*`: blocking `get` key after key on the caller's thread;
+/// - `unspill-pipelined-*`: `pin` on a current-thread tokio runtime (the
+///   host's event loop) with `--window` pins in flight, so that the reads
+///   run on the IO pool's threads at once (`common::pin_window`).
+///
+/// The raw baseline is `pread()` of the same bytes from a plain file
+/// written just before (page cache warm in both), into a reused buffer, on
+/// one thread; `raw_fresh` reads into a new `Vec` each time, as a decoded
+/// value must be; `raw_fresh_vec_crc` also checksums each 256 KiB piece,
+/// the least a read that checks its data does. As the pipelined reads use
+/// the pool's threads, its line also compares against the reused-buffer
+/// read and the checked read on that many threads (`raw_threads_*`).
+fn unspill(o: &Opts, which: Unspill, order: &str, size: usize, count: usize) {
+    use common::RawRead;
     reset_peak();
     let mut rng = StdRng::seed_from_u64(13);
     let values: Vec<Vec<f64>> = (0..count)
@@ -587,77 +614,93 @@ fn unspill(o: &Opts, order: &str, size: usize, count: usize) {
     }
     b.flush_blocking().unwrap();
     drop(values);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("tokio runtime");
+    let raw_bps = |how, threads| {
+        total / common::raw_read_threads(&raw_file, &reads, size, how, threads).as_secs_f64()
+    };
     let (mut bps, mut raws, mut fresh, mut fresh_crc, mut lat) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut buf = vec![0u8; size];
+    let (mut piped, mut raw_threads, mut crc_threads, mut piped_lat) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut disk_reads = 0;
     for _ in 0..o.repeat {
-        let start = Instant::now();
-        for &i in &reads {
-            raw_file.read_exact_at(&mut buf, (i * size) as u64).unwrap();
-            std::hint::black_box(&buf);
-        }
-        raws.push(total / start.elapsed().as_secs_f64());
-        let start = Instant::now();
-        for &i in &reads {
-            let mut v = vec![0u8; size];
-            raw_file.read_exact_at(&mut v, (i * size) as u64).unwrap();
-            std::hint::black_box(v);
-        }
-        fresh.push(total / start.elapsed().as_secs_f64());
-        // The least a checked read must do: the same fresh vector, and a
-        // CRC-32 of each piece while it is in cache (as the buffer does).
-        let start = Instant::now();
-        for &i in &reads {
-            let mut v = vec![0u8; size];
-            let mut crc = crc32fast::Hasher::new();
-            let mut at = (i * size) as u64;
-            for piece in v.chunks_mut(256 << 10) {
-                raw_file.read_exact_at(piece, at).unwrap();
-                crc.update(piece);
-                at += piece.len() as u64;
+        raws.push(raw_bps(RawRead::Reused, 1));
+        if which == Unspill::Both {
+            fresh.push(raw_bps(RawRead::FreshVec, 1));
+            fresh_crc.push(raw_bps(RawRead::FreshVecCrc, 1));
+            let mut l = Vec::with_capacity(reads.len());
+            let start = Instant::now();
+            for &i in &reads {
+                let t0 = Instant::now();
+                let p = b.get(&(i as u64)).unwrap().expect("present");
+                std::hint::black_box(&*p);
+                drop(p);
+                l.push(t0.elapsed().as_nanos() as u64);
             }
-            std::hint::black_box((crc.finalize(), v));
+            bps.push(total / start.elapsed().as_secs_f64());
+            lat.extend(l);
         }
-        fresh_crc.push(total / start.elapsed().as_secs_f64());
-        let mut l = Vec::with_capacity(reads.len());
+        raw_threads.push(raw_bps(RawRead::Reused, o.io_threads));
+        crc_threads.push(raw_bps(RawRead::FreshVecCrc, o.io_threads));
+        let before = b.stats().unspill_count_total;
         let start = Instant::now();
-        for &i in &reads {
-            let t0 = Instant::now();
-            let p = b.get(&(i as u64)).unwrap().expect("present");
-            std::hint::black_box(&*p);
-            drop(p);
-            l.push(t0.elapsed().as_nanos() as u64);
-        }
-        bps.push(total / start.elapsed().as_secs_f64());
-        lat.extend(l);
+        let l = rt.block_on(common::pin_window(&b, &reads, o.window));
+        piped.push(total / start.elapsed().as_secs_f64());
+        piped_lat.extend(l);
+        disk_reads = b.stats().unspill_count_total - before;
     }
-    let mut paired: Vec<f64> = bps.iter().zip(&raws).map(|(c, r)| c / r).collect();
-    let paired = median(&mut paired);
-    let mut paired_crc: Vec<f64> = bps.iter().zip(&fresh_crc).map(|(c, r)| c / r).collect();
-    let paired_crc = median(&mut paired_crc);
     drop(b);
     drop(raw_file);
     let _ = std::fs::remove_file(path);
-    let bps = median(&mut bps);
+    // Paired ratios first: `median` sorts its input.
+    let paired = |own: &[f64], raw: &[f64]| (!own.is_empty()).then(|| paired_median(own, raw));
+    let (get_raw, get_floor) = (paired(&bps, &raws), paired(&bps, &fresh_crc));
+    let (pin_raw, pin_threads, pin_floor) = (
+        paired(&piped, &raws),
+        paired(&piped, &raw_threads),
+        paired(&piped, &crc_threads),
+    );
+    let raw = median(&mut raws);
+    let line = |workload: String, bps: f64, lat: Vec<u64>, extra| Line {
+        workload,
+        value_bytes: size,
+        count: reads.len(),
+        threads: 1,
+        bytes_per_s: bps,
+        ops_per_s: bps / size as f64,
+        lat: percentiles(lat),
+        raw_name: "pread() of the same bytes into a reused buffer, 1 thread (bytes/s)",
+        raw,
+        extra,
+    };
+    if which == Unspill::Both {
+        let extra = json!({
+            "raw_fresh_vec_bytes_per_s": median(&mut fresh).round(),
+            "ratio_paired_median": get_raw,
+            "raw_fresh_vec_crc_bytes_per_s": median(&mut fresh_crc).round(),
+            "ratio_to_fresh_vec_crc_paired_median": get_floor,
+        });
+        emit(
+            o,
+            line(format!("unspill-{order}"), median(&mut bps), lat, extra),
+        );
+    }
+    let extra = json!({
+        "window": o.window,
+        "ratio_paired_median": pin_raw,
+        "raw_threads": o.io_threads,
+        "raw_threads_bytes_per_s": median(&mut raw_threads).round(),
+        "ratio_to_raw_threads_paired_median": pin_threads,
+        "raw_threads_fresh_vec_crc_bytes_per_s": median(&mut crc_threads).round(),
+        "ratio_to_threads_checked_floor_paired_median": pin_floor,
+        "disk_reads_last_run": disk_reads,
+    });
+    let bps = median(&mut piped);
     emit(
         o,
-        Line {
-            workload: format!("unspill-{order}"),
-            value_bytes: size,
-            count: reads.len(),
-            threads: 1,
-            bytes_per_s: bps,
-            ops_per_s: bps / size as f64,
-            lat: percentiles(lat),
-            raw_name: "pread() of the same bytes into a reused buffer (bytes/s)",
-            raw: median(&mut raws),
-            extra: json!({
-                "raw_fresh_vec_bytes_per_s": median(&mut fresh).round(),
-                "ratio_paired_median": (paired * 1000.0).round() / 1000.0,
-                "raw_fresh_vec_crc_bytes_per_s": median(&mut fresh_crc).round(),
-                "ratio_to_fresh_vec_crc_paired_median": (paired_crc * 1000.0).round() / 1000.0,
-            }),
-        },
+        line(format!("unspill-pipelined-{order}"), bps, piped_lat, extra),
     );
 }
 
@@ -685,11 +728,16 @@ fn main() {
         spill(&o, "half-zeros", o.large, o.count_large);
         spill(&o, "random", o.small, o.count_small);
     }
-    if all || w == "unspill" {
-        unspill(&o, "seq", o.large, o.count_large);
-        unspill(&o, "zipf", o.large, o.count_large);
-        unspill(&o, "seq", o.small, o.count_small);
-        unspill(&o, "zipf", o.small, o.count_small);
+    let which = match w {
+        "all" | "unspill" => Some(Unspill::Both),
+        "unspill-pipelined" => Some(Unspill::Pipelined),
+        _ => None,
+    };
+    if let Some(which) = which {
+        unspill(&o, which, "seq", o.large, o.count_large);
+        unspill(&o, which, "zipf", o.large, o.count_large);
+        unspill(&o, which, "seq", o.small, o.count_small);
+        unspill(&o, which, "zipf", o.small, o.count_small);
     }
     let _ = std::io::stdout().flush();
 }

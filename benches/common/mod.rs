@@ -1,17 +1,20 @@
-//! Helpers shared by the benches: seeded values, the spill directory, and
-//! the raw baselines (`write()`/`pread()` of the same bytes to a plain file
-//! in the same directory, and a `memcpy`), so that each bench file reports
-//! the crate's figure next to the hardware's in the same run.
+//! Helpers shared by the benches: seeded values, the spill directory, the
+//! raw baselines (`write()`/`pread()` of the same bytes to a plain file in
+//! the same directory, and a `memcpy`), so that each bench file reports the
+//! crate's figure next to the hardware's in the same run, and the pipelined
+//! unspill loop that `examples/bench.rs` and `benches/unspill.rs` share.
 #![allow(dead_code)]
 
-use criterion::Criterion;
+use criterion::{black_box, Criterion};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use spillbuffer::{Compression, SpillBuffer};
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 pub type Buf = SpillBuffer<u64, Vec<f64>>;
@@ -108,4 +111,118 @@ pub fn raw_file(dir: &Path, values: &[Vec<f64>]) -> File {
 /// Raw baseline: `pread()` of record `i` of `size` bytes into `buf`.
 pub fn raw_read(f: &File, i: usize, buf: &mut [u8]) {
     f.read_exact_at(buf, (i * buf.len()) as u64).unwrap();
+}
+
+/// How a raw read baseline treats each record it reads.
+#[derive(Clone, Copy)]
+pub enum RawRead {
+    /// `pread()` into one reused buffer: the hardware's limit.
+    Reused,
+    /// Into a new `Vec` each time, as a decoded value must be.
+    FreshVec,
+    /// Into a new `Vec`, with a CRC-32 of each 256 KiB piece while it is in
+    /// cache (as the buffer checks its records): the least a read that
+    /// checks its data and hands out memory of its own does.
+    FreshVecCrc,
+}
+
+/// Read records `keys` (each `buf.len()` bytes) from `f` the `how` way;
+/// `buf` is the reused buffer of [`RawRead::Reused`].
+pub fn raw_reads(f: &File, keys: &[usize], buf: &mut [u8], how: RawRead) {
+    let size = buf.len();
+    for &i in keys {
+        match how {
+            RawRead::Reused => raw_read(f, i, buf),
+            RawRead::FreshVec => {
+                let mut v = vec![0u8; size];
+                raw_read(f, i, &mut v);
+                black_box(v);
+            }
+            RawRead::FreshVecCrc => {
+                let mut v = vec![0u8; size];
+                let mut crc = crc32fast::Hasher::new();
+                let mut at = (i * size) as u64;
+                for piece in v.chunks_mut(256 << 10) {
+                    f.read_exact_at(piece, at).unwrap();
+                    crc.update(piece);
+                    at += piece.len() as u64;
+                }
+                black_box((crc.finalize(), v));
+            }
+        }
+    }
+    black_box(buf);
+}
+
+/// [`raw_reads`] of `keys` (records of `size` bytes) split into `threads`
+/// contiguous shares, one thread each, each with its own reused buffer.
+/// Returns the wall time from the first thread's start to the last one's
+/// end (thread start-up excluded, as the IO pool's threads already run).
+/// One thread reads on the caller's thread.
+pub fn raw_read_threads(
+    f: &File,
+    keys: &[usize],
+    size: usize,
+    how: RawRead,
+    threads: usize,
+) -> Duration {
+    // Written, so that its pages are in place before the clock starts.
+    let buffer = || vec![0xa5u8; size];
+    if threads <= 1 {
+        let mut buf = buffer();
+        let start = Instant::now();
+        raw_reads(f, keys, &mut buf, how);
+        return start.elapsed();
+    }
+    let barrier = Barrier::new(threads);
+    let spans: Vec<(Instant, Instant)> = std::thread::scope(|s| {
+        let hs: Vec<_> = keys
+            .chunks(keys.len().div_ceil(threads).max(1))
+            .map(|share| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    let mut buf = buffer();
+                    barrier.wait();
+                    let start = Instant::now();
+                    raw_reads(f, share, &mut buf, how);
+                    (start, Instant::now())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let first = spans.iter().map(|s| s.0).min().unwrap();
+    let last = spans.iter().map(|s| s.1).max().unwrap();
+    last - first
+}
+
+/// Pin `keys` in order with `window` pins in flight, as an async host
+/// would: each pin is a task on the current runtime (a value on disk is
+/// read on the IO pool, so up to `window` reads run there at once), the
+/// tasks are awaited in key order and each pin is dropped as soon as it
+/// arrives. Returns, per pin, the ns from the pin's first poll to its
+/// value: the latency of one `pin`, queueing on the pool included.
+pub async fn pin_window(b: &Buf, keys: &[usize], window: usize) -> Vec<u64> {
+    let mut in_flight = VecDeque::with_capacity(window);
+    let mut lat = Vec::with_capacity(keys.len());
+    let mut arrive = |pinned: (spillbuffer::Pinned<Vec<f64>>, u64)| {
+        black_box(&*pinned.0);
+        lat.push(pinned.1);
+    };
+    for &k in keys {
+        if in_flight.len() >= window.max(1) {
+            let front: tokio::task::JoinHandle<_> = in_flight.pop_front().unwrap();
+            arrive(front.await.unwrap());
+        }
+        let b = b.clone();
+        in_flight.push_back(tokio::spawn(async move {
+            let t0 = Instant::now();
+            let p = b.pin(&(k as u64)).await.unwrap().expect("present");
+            (p, t0.elapsed().as_nanos() as u64)
+        }));
+    }
+    for front in in_flight {
+        arrive(front.await.unwrap());
+    }
+    lat
 }
