@@ -3,9 +3,19 @@
 //! that may be evicted. It does no IO and takes no lock; the buffer puts
 //! each core behind its shard's mutex. Kept apart so that it can be tested
 //! and validated on its own.
+//!
+//! Each list is split into one chain per [`WAYS`]: a use links the entry
+//! at the head of the using thread's chain, and the list's least recently
+//! used entry is the oldest of the chains' tails. Moving an entry writes
+//! its neighbours in the chain; split this way, those are entries the same
+//! thread used just before or after it, whose cache lines that core
+//! already holds, rather than entries another core has just written.
+//! Ticks rise along every chain, so the oldest tail is the list's least
+//! recently used entry, exactly as with a single chain.
 
 use crate::buffer::hash::KeyHash;
 use crate::buffer::pinned::Waiter;
+use crate::buffer::way::{self, WAYS};
 use crate::store::DiskLoc;
 use hashbrown::HashTable;
 use std::hash::Hash;
@@ -91,6 +101,8 @@ pub(crate) struct Node<K, V> {
     prev: u32,
     next: u32,
     list: Option<ListKind>,
+    /// The chain of the list it is on.
+    way: u8,
 }
 
 impl<K, V> Node<K, V> {
@@ -106,6 +118,7 @@ impl<K, V> Node<K, V> {
             prev: NIL,
             next: NIL,
             list: None,
+            way: 0,
         }
     }
 
@@ -125,6 +138,18 @@ struct List {
     tail: u32, // least recently used
 }
 
+const EMPTY: List = List {
+    head: NIL,
+    tail: NIL,
+};
+
+/// The chains of one way, on cache lines of their own.
+#[derive(Clone, Copy)]
+#[repr(align(128))]
+struct Way {
+    lists: [List; 2],
+}
+
 pub(crate) struct Core<K, V> {
     /// Slots of the live nodes, found by key hash. The key itself lives in
     /// the node only: 4 bytes a bucket rather than a copy of the key.
@@ -132,7 +157,10 @@ pub(crate) struct Core<K, V> {
     hash: KeyHash,
     slab: Vec<Option<Node<K, V>>>,
     free: Vec<u32>,
-    lists: [List; 2],
+    ways: Box<[Way; WAYS]>,
+    /// A list's tail (or its tick) changed since [`Core::take_tails_moved`]
+    /// last looked.
+    tails_moved: bool,
 }
 
 impl<K: Hash + Eq + Clone, V> Core<K, V> {
@@ -149,10 +177,8 @@ impl<K: Hash + Eq + Clone, V> Core<K, V> {
             hash,
             slab: Vec::new(),
             free: Vec::new(),
-            lists: [List {
-                head: NIL,
-                tail: NIL,
-            }; 2],
+            ways: Box::new([Way { lists: [EMPTY; 2] }; WAYS]),
+            tails_moved: false,
         }
     }
 
@@ -238,74 +264,104 @@ impl<K: Hash + Eq + Clone, V> Core<K, V> {
         node
     }
 
-    /// Make `idx` the most recently used entry of `kind`.
+    /// Make `idx` the most recently used entry of `kind`, used at `tick`
+    /// (no older than any tick this core has seen).
     pub(crate) fn link_front(&mut self, idx: u32, kind: ListKind, tick: u64) {
+        self.link_front_in(way::this_thread(), idx, kind, tick);
+    }
+
+    /// [`Core::link_front`] into the chain of `way`.
+    fn link_front_in(&mut self, way: usize, idx: u32, kind: ListKind, tick: u64) {
         self.unlink(idx);
-        let k = kind as usize;
-        let old_head = self.lists[k].head;
+        let list = self.ways[way].lists[kind as usize];
         {
             let n = self.node_mut(idx);
             n.tick = tick;
             n.prev = NIL;
-            n.next = old_head;
+            n.next = list.head;
             n.list = Some(kind);
+            n.way = way as u8;
         }
-        if old_head != NIL {
-            self.node_mut(old_head).prev = idx;
+        let list = &mut self.ways[way].lists[kind as usize];
+        if list.head == NIL {
+            list.tail = idx;
+            self.tails_moved = true;
         } else {
-            self.lists[k].tail = idx;
+            let old_head = list.head;
+            self.node_mut(old_head).prev = idx;
         }
-        self.lists[k].head = idx;
+        self.ways[way].lists[kind as usize].head = idx;
     }
 
     /// Make `idx` the first entry of `kind` to be evicted. Its tick is 0, so
     /// it also comes before every other shard's entries.
     pub(crate) fn link_back(&mut self, idx: u32, kind: ListKind) {
+        self.link_back_in(way::this_thread(), idx, kind);
+    }
+
+    /// [`Core::link_back`] into the chain of `way`.
+    fn link_back_in(&mut self, way: usize, idx: u32, kind: ListKind) {
         self.unlink(idx);
-        let k = kind as usize;
-        let old_tail = self.lists[k].tail;
+        let list = self.ways[way].lists[kind as usize];
         {
             let n = self.node_mut(idx);
             n.tick = 0;
             n.next = NIL;
-            n.prev = old_tail;
+            n.prev = list.tail;
             n.list = Some(kind);
+            n.way = way as u8;
         }
-        if old_tail != NIL {
-            self.node_mut(old_tail).next = idx;
+        if list.tail != NIL {
+            self.node_mut(list.tail).next = idx;
         } else {
-            self.lists[k].head = idx;
+            self.ways[way].lists[kind as usize].head = idx;
         }
-        self.lists[k].tail = idx;
+        self.ways[way].lists[kind as usize].tail = idx;
+        self.tails_moved = true;
     }
 
     /// Take `idx` off its list, if it is on one.
     pub(crate) fn unlink(&mut self, idx: u32) {
-        let (kind, prev, next) = {
+        let (kind, way, prev, next) = {
             let n = self.node_mut(idx);
             let Some(kind) = n.list.take() else { return };
-            let links = (kind, n.prev, n.next);
+            let links = (kind, n.way as usize, n.prev, n.next);
             n.prev = NIL;
             n.next = NIL;
             links
         };
-        let k = kind as usize;
         if prev != NIL {
             self.node_mut(prev).next = next;
         } else {
-            self.lists[k].head = next;
+            self.ways[way].lists[kind as usize].head = next;
         }
         if next != NIL {
             self.node_mut(next).prev = prev;
         } else {
-            self.lists[k].tail = prev;
+            self.ways[way].lists[kind as usize].tail = prev;
+            self.tails_moved = true;
         }
     }
 
-    /// The least recently used entry of `kind` and its tick.
+    /// Whether a list's tail moved since the last call: the shard
+    /// republishes its tail ticks only then.
+    pub(crate) fn take_tails_moved(&mut self) -> bool {
+        let moved = self.tails_moved;
+        if moved {
+            self.tails_moved = false;
+        }
+        moved
+    }
+
+    /// The least recently used entry of `kind` and its tick: the oldest
+    /// of the chains' tails.
     pub(crate) fn tail(&self, kind: ListKind) -> Option<(u32, u64)> {
-        let t = self.lists[kind as usize].tail;
-        (t != NIL).then(|| (t, self.node(t).tick))
+        self.ways
+            .iter()
+            .map(|w| w.lists[kind as usize].tail)
+            .filter(|&t| t != NIL)
+            .map(|t| (t, self.node(t).tick))
+            .min_by_key(|&(_, tick)| tick)
     }
 
     /// Tick of the tail of `kind`, or `u64::MAX` when the list is empty.
@@ -321,41 +377,56 @@ impl<K: Hash + Eq + Clone, V> Core<K, V> {
             .filter_map(|(i, n)| n.as_ref().map(|n| (i as u32, n)))
     }
 
-    /// Check the lists and the map against the nodes: each list is a proper
-    /// doubly-linked chain with ticks falling from head to tail, holds
-    /// exactly the nodes that say they are on it, and each node is on the
-    /// list its state asks for.
+    /// Check one chain of `kind` (way `w`): links, ticks falling from head
+    /// to tail, and the nodes' marks. Returns its length.
+    fn validate_chain(&self, kind: ListKind, w: usize, list: List) -> Result<usize, String> {
+        let mut seen = 0usize;
+        let mut prev = NIL;
+        let mut cur = list.head;
+        let mut last_tick = u64::MAX;
+        while cur != NIL {
+            let n = self
+                .slab
+                .get(cur as usize)
+                .and_then(|n| n.as_ref())
+                .ok_or_else(|| format!("{kind:?} chain {w} points at empty slot {cur}"))?;
+            if n.list != Some(kind) || n.way as usize != w {
+                return Err(format!(
+                    "slot {cur} on {kind:?} chain {w} says {:?} chain {}",
+                    n.list, n.way
+                ));
+            }
+            if n.prev != prev {
+                return Err(format!("slot {cur}: prev link broken"));
+            }
+            if n.tick > last_tick {
+                return Err(format!(
+                    "{kind:?} chain {w}: ticks not falling at slot {cur}"
+                ));
+            }
+            last_tick = n.tick;
+            seen += 1;
+            if seen > self.slab.len() {
+                return Err(format!("{kind:?} chain {w} has a cycle"));
+            }
+            prev = cur;
+            cur = n.next;
+        }
+        if list.tail != prev {
+            return Err(format!("{kind:?} chain {w}: tail is not the last node"));
+        }
+        Ok(seen)
+    }
+
+    /// Check the lists and the map against the nodes: each chain is a
+    /// proper doubly-linked chain with ticks falling from head to tail, a
+    /// list's chains hold exactly the nodes that say they are on it, and
+    /// each node is on the list its state asks for.
     pub(crate) fn validate(&self) -> Result<(), String> {
         for kind in [ListKind::Clean, ListKind::Dirty] {
             let mut seen = 0usize;
-            let mut prev = NIL;
-            let mut cur = self.lists[kind as usize].head;
-            let mut last_tick = u64::MAX;
-            while cur != NIL {
-                let n = self
-                    .slab
-                    .get(cur as usize)
-                    .and_then(|n| n.as_ref())
-                    .ok_or_else(|| format!("{kind:?} list points at empty slot {cur}"))?;
-                if n.list != Some(kind) {
-                    return Err(format!("slot {cur} on {kind:?} list says {:?}", n.list));
-                }
-                if n.prev != prev {
-                    return Err(format!("slot {cur}: prev link broken"));
-                }
-                if n.tick > last_tick {
-                    return Err(format!("{kind:?} list: ticks not falling at slot {cur}"));
-                }
-                last_tick = n.tick;
-                seen += 1;
-                if seen > self.slab.len() {
-                    return Err(format!("{kind:?} list has a cycle"));
-                }
-                prev = cur;
-                cur = n.next;
-            }
-            if self.lists[kind as usize].tail != prev {
-                return Err(format!("{kind:?} list: tail is not the last node"));
+            for (w, way) in self.ways.iter().enumerate() {
+                seen += self.validate_chain(kind, w, way.lists[kind as usize])?;
             }
             let claimed = self.nodes().filter(|(_, n)| n.list == Some(kind)).count();
             if claimed != seen {
@@ -403,14 +474,47 @@ mod tests {
         c
     }
 
+    /// Keys of `kind` in eviction order: the chains merged from their
+    /// tails by tick, as taking the tail again and again would give.
     fn order(c: &Core<u32, u32>, kind: ListKind) -> Vec<u32> {
+        let mut at: Vec<u32> = c.ways.iter().map(|w| w.lists[kind as usize].tail).collect();
         let mut out = Vec::new();
-        let mut cur = c.lists[kind as usize].tail;
-        while cur != NIL {
-            out.push(c.node(cur).key);
-            cur = c.node(cur).prev;
+        while let Some(w) = (0..WAYS)
+            .filter(|&w| at[w] != NIL)
+            .min_by_key(|&w| c.node(at[w]).tick)
+        {
+            out.push(c.node(at[w]).key);
+            at[w] = c.node(at[w]).prev;
         }
         out
+    }
+
+    /// Take the tail out again and again: the keys in eviction order.
+    fn drain(c: &mut Core<u32, u32>, kind: ListKind) -> Vec<u32> {
+        let mut out = Vec::new();
+        while let Some((i, _)) = c.tail(kind) {
+            out.push(c.remove(i).key);
+            c.validate().unwrap();
+        }
+        out
+    }
+
+    #[test]
+    fn the_tail_is_the_oldest_use_over_every_way() {
+        let mut c = Core::new();
+        // Keys used in order 1..=8, by threads of alternating ways.
+        for k in 1..=8u32 {
+            let i = c.insert(Node::new(k, resident(k), 1, k as u64));
+            c.link_front_in(k as usize % 2, i, ListKind::Dirty, k as u64);
+        }
+        // Key 5 used again (way 3), key 6 consumed (first in line, way 1).
+        let i = c.find(&5).unwrap();
+        c.link_front_in(3, i, ListKind::Dirty, 9);
+        let i = c.find(&6).unwrap();
+        c.link_back_in(1, i, ListKind::Dirty);
+        c.validate().unwrap();
+        assert_eq!(order(&c, ListKind::Dirty), vec![6, 1, 2, 3, 4, 7, 8, 5]);
+        assert_eq!(drain(&mut c, ListKind::Dirty), vec![6, 1, 2, 3, 4, 7, 8, 5]);
     }
 
     #[test]

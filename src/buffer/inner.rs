@@ -10,6 +10,7 @@ use super::core::{Core, ListKind, Node, State};
 use super::hash::KeyHash;
 use super::pinned::{PinAt, PinOwner, PinResult, Pinned, Waiter};
 use super::tick::Ticks;
+use super::way::{self, WAYS};
 use super::Key;
 use crate::codec::{self, Codec, Compression};
 use crate::error::{BoxError, Error, Result};
@@ -27,10 +28,10 @@ use std::time::Instant;
 
 /// One shard: its core behind a lock, and the ticks of its two list tails
 /// published for lock-free victim selection. Aligned to keep shards on
-/// separate cache lines.
-#[repr(align(128))]
+/// separate cache lines; `repr(C)` with the lock word last, so that it
+/// shares one line with the fields a pin or its release writes.
+#[repr(C, align(128))]
 pub(crate) struct Shard<K, V> {
-    pub core: Mutex<Core<K, V>>,
     tails: [AtomicU64; 2],
     /// The newest LRU tick taken for this shard. Written only under the
     /// shard lock; read without it by [`Ticks::next_synced`].
@@ -39,6 +40,7 @@ pub(crate) struct Shard<K, V> {
     /// lock (a load and a store, no read-modify-write), on the shard's own
     /// cache line: pins of keys in different shards never contend on it.
     pinned: AtomicUsize,
+    pub core: Mutex<Core<K, V>>,
 }
 
 /// Gauges of what is in memory, kept exact under the shard locks.
@@ -254,13 +256,16 @@ impl<K: Key, V: Spill> Inner<K, V> {
         self.target.load(Relaxed)
     }
 
-    /// Run `f` on shard `s` under its lock, then publish its list tails.
+    /// Run `f` on shard `s` under its lock, then publish its list tails if
+    /// they moved.
     pub(crate) fn with_shard<R>(&self, s: usize, f: impl FnOnce(&mut Core<K, V>) -> R) -> R {
         let shard = &self.shards[s];
         let mut core = shard.core.lock();
         let r = f(&mut core);
-        shard.tails[0].store(core.tail_tick(ListKind::Clean), Relaxed);
-        shard.tails[1].store(core.tail_tick(ListKind::Dirty), Relaxed);
+        if core.take_tails_moved() {
+            shard.tails[0].store(core.tail_tick(ListKind::Clean), Relaxed);
+            shard.tails[1].store(core.tail_tick(ListKind::Dirty), Relaxed);
+        }
         r
     }
 
@@ -268,9 +273,11 @@ impl<K: Key, V: Spill> Inner<K, V> {
         self.me.upgrade().expect("inner is alive while used")
     }
 
-    /// One [`ShardOwner`] per shard, for the handles to give their pins.
+    /// [`WAYS`] [`ShardOwner`]s per shard, for the handles to give their
+    /// pins: a thread's pins of shard `s` hold owner
+    /// `s * WAYS + way::this_thread()`.
     pub(crate) fn shard_owners(self: &Arc<Self>) -> Box<[Arc<dyn PinOwner<V>>]> {
-        (0..self.shards.len())
+        (0..self.shards.len() * WAYS)
             .map(|_| -> Arc<dyn PinOwner<V>> {
                 Arc::new(ShardOwner {
                     inner: Arc::clone(self),
@@ -290,7 +297,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
         value: Arc<V>,
         owners: Option<&[Arc<dyn PinOwner<V>>]>,
     ) -> Pinned<V> {
-        let owner = match owners.and_then(|o| o.get(s)) {
+        let owner = match owners.and_then(|o| o.get(s * WAYS + way::this_thread())) {
             Some(o) => Arc::clone(o),
             None => self.owner(),
         };
@@ -1702,11 +1709,12 @@ impl<K: Key, V: Spill> PinOwner<V> for Inner<K, V> {
     }
 }
 
-/// The buffer as the pins of one shard hold it. Each shard has its own
-/// (owned by the [`super::SpillBuffer`] handles), so that a pin and its
-/// release update a reference count that only pins of the same shard
-/// share: with one `Arc<Inner>` cloned and dropped by every pin, two
-/// threads pinning different keys wrote the same cache line each time.
+/// The buffer as the pins of one shard hold it. Each shard has its own, one
+/// per [`WAYS`] (owned by the [`super::SpillBuffer`] handles), so that a pin
+/// and its release update a reference count that only pins of the same
+/// shard, by threads of the same way, share: with one `Arc<Inner>` cloned
+/// and dropped by every pin, two threads pinning different keys wrote the
+/// same cache line each time.
 /// Aligned so that each count sits on a cache line of its own. A guard
 /// keeps the buffer alive through its owner, even after the last handle
 /// is gone.

@@ -7,6 +7,7 @@ pub(crate) mod hash;
 pub(crate) mod inner;
 pub(crate) mod pinned;
 pub(crate) mod tick;
+pub(crate) mod way;
 
 use crate::config::Builder;
 use crate::error::{Error, Result};
