@@ -531,10 +531,12 @@ impl<K: Key, V: Spill> Inner<K, V> {
     /// is heavy and this is not an IO thread, the free happens on the pool
     /// (see [`HEAVY_DROP`]). Never called under a lock.
     ///
-    /// The job goes to the demand queue, not the background one: it takes
+    /// The job goes to the free queue, ahead of everything else: it takes
     /// well under a millisecond, and memory the gauges already count as
-    /// free is waiting on it. Behind a steady stream of reads a background
-    /// job could wait indefinitely while real memory outgrew the accounting.
+    /// free is waiting on it. Behind a steady stream of reads it could wait
+    /// while real memory outgrew the accounting; and each read queued ahead
+    /// of it would allocate its value while these pages are still taken,
+    /// faulting in fresh ones instead of reusing them.
     fn drop_value(&self, value: Arc<V>) {
         // A count of one cannot rise under us: no other handle exists to
         // clone from (the crate keeps no `Weak` to values).
@@ -545,7 +547,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
             // If the pool is shut down the job is dropped here, freeing the
             // value in place: nothing better is left to do.
             self.pool
-                .submit(Priority::Demand, Box::new(move || drop(value)));
+                .submit(Priority::Free, Box::new(move || drop(value)));
         } else {
             drop(value);
         }

@@ -1,6 +1,7 @@
-//! The dedicated IO pool: the buffer's own threads, fed by three crossbeam
-//! queues in priority order — demand reads (a caller is waiting), spill
-//! writes, then background work (prefetch, compaction, file deletion).
+//! The dedicated IO pool: the buffer's own threads, fed by four crossbeam
+//! queues in priority order — frees of large values, demand reads (a caller
+//! is waiting), spill writes, then background work (prefetch, compaction,
+//! file deletion).
 //!
 //! Jobs are boxed closures, so the pool knows nothing of keys and values.
 //! It counts queued and running jobs so that `flush` can wait for all of
@@ -19,13 +20,20 @@ pub(crate) type Job = Box<dyn FnOnce() + Send + 'static>;
 /// Queue a job goes to; lower runs first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Priority {
+    /// Gives memory back: freeing a large value. Short, and it goes before
+    /// reads so that a read allocating its value can reuse those pages
+    /// rather than fault in fresh ones.
+    Free = 0,
     /// A reader is waiting for this.
-    Demand = 0,
+    Demand = 1,
     /// Memory is waiting for this.
-    Spill = 1,
+    Spill = 2,
     /// Nobody waits: prefetch, compaction, deleting files.
-    Background = 2,
+    Background = 3,
 }
+
+/// Number of queues, one per [`Priority`].
+const QUEUES: usize = 4;
 
 /// Counts jobs not yet finished and wakes those waiting for zero.
 #[derive(Default)]
@@ -50,7 +58,7 @@ impl Idle {
 }
 
 struct Queues {
-    tx: [Sender<Job>; 3],
+    tx: [Sender<Job>; QUEUES],
     /// Dropped at shutdown to wake idle threads.
     stop: Option<Sender<()>>,
 }
@@ -59,7 +67,7 @@ pub(crate) struct Pool {
     /// `None` once shut down; the lock makes "check open, then send"
     /// atomic with respect to shutdown, so no job slips in after the drain.
     queues: RwLock<Option<Queues>>,
-    rx: [Receiver<Job>; 3],
+    rx: [Receiver<Job>; QUEUES],
     idle: Arc<Idle>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     thread_ids: Vec<ThreadId>,
@@ -68,11 +76,11 @@ pub(crate) struct Pool {
 impl Pool {
     /// Start `threads` IO threads.
     pub(crate) fn new(threads: usize) -> std::io::Result<Pool> {
-        let (tx0, rx0) = crossbeam_channel::unbounded();
-        let (tx1, rx1) = crossbeam_channel::unbounded();
-        let (tx2, rx2) = crossbeam_channel::unbounded();
+        let channels: [(Sender<Job>, Receiver<Job>); QUEUES] =
+            std::array::from_fn(|_| crossbeam_channel::unbounded());
+        let rx = channels.each_ref().map(|(_, rx)| rx.clone());
+        let tx = channels.map(|(tx, _)| tx);
         let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
-        let rx = [rx0, rx1, rx2];
         let idle = Arc::new(Idle::default());
         let mut handles = Vec::with_capacity(threads);
         for i in 0..threads {
@@ -87,7 +95,7 @@ impl Pool {
         Ok(Pool {
             thread_ids: handles.iter().map(|h| h.thread().id()).collect(),
             queues: RwLock::new(Some(Queues {
-                tx: [tx0, tx1, tx2],
+                tx,
                 stop: Some(stop_tx),
             })),
             rx,
@@ -175,7 +183,7 @@ impl Drop for Pool {
     }
 }
 
-fn worker(rx: [Receiver<Job>; 3], stop: Receiver<()>, idle: Arc<Idle>) {
+fn worker(rx: [Receiver<Job>; QUEUES], stop: Receiver<()>, idle: Arc<Idle>) {
     loop {
         let job = match next_job(&rx, &stop) {
             Some(job) => job,
@@ -190,7 +198,7 @@ fn worker(rx: [Receiver<Job>; 3], stop: Receiver<()>, idle: Arc<Idle>) {
 
 /// The highest-priority job available, waiting if there is none. `None`
 /// when the pool is stopping.
-fn next_job(rx: &[Receiver<Job>; 3], stop: &Receiver<()>) -> Option<Job> {
+fn next_job(rx: &[Receiver<Job>; QUEUES], stop: &Receiver<()>) -> Option<Job> {
     loop {
         if stop.try_recv() == Err(crossbeam_channel::TryRecvError::Disconnected) {
             return None;
@@ -253,6 +261,31 @@ mod tests {
         gate_tx.send(()).unwrap();
         pool.wait_idle_blocking();
         assert_eq!(*order.lock(), vec!["demand", "bg"]);
+    }
+
+    #[test]
+    fn frees_overtake_queued_reads() {
+        let pool = Pool::new(1).unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let (gate_tx, gate_rx) = crossbeam_channel::bounded::<()>(0);
+        pool.submit(
+            Priority::Demand,
+            Box::new(move || {
+                let _ = gate_rx.recv();
+            }),
+        );
+        for (p, name) in [
+            (Priority::Background, "bg"),
+            (Priority::Demand, "read"),
+            (Priority::Spill, "spill"),
+            (Priority::Free, "free"),
+        ] {
+            let order = Arc::clone(&order);
+            pool.submit(p, Box::new(move || order.lock().push(name)));
+        }
+        gate_tx.send(()).unwrap();
+        pool.wait_idle_blocking();
+        assert_eq!(*order.lock(), vec!["free", "read", "spill", "bg"]);
     }
 
     #[test]
