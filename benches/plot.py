@@ -34,7 +34,11 @@ def main():
             rows.append(d)
     if not rows:
         sys.exit("no spill/unspill lines in the input")
-    labels = [f'{r["workload"]}\n{size_label(r["value_bytes"])}' for r in rows]
+    # "unspill-pipelined-seq" -> "unspill\npipelined-seq": short lines.
+    labels = [
+        f'{r["workload"].replace("-", chr(10), 1)}\n{size_label(r["value_bytes"])}'
+        for r in rows
+    ]
     own = [r["throughput_bytes_per_s"] / 1e9 for r in rows]
     raw = [r["raw_figure"] / 1e9 for r in rows]
     # The checked floor of a read (fresh Vec + CRC per piece), where known.
