@@ -243,31 +243,11 @@ mod tests {
     }
 
     #[test]
-    fn demand_jobs_overtake_queued_background_jobs() {
+    fn queued_jobs_run_in_priority_order() {
         let pool = Pool::new(1).unwrap();
         let order = Arc::new(Mutex::new(Vec::new()));
         let (gate_tx, gate_rx) = crossbeam_channel::bounded::<()>(0);
-        // Occupy the only thread so that both queues fill up behind it.
-        pool.submit(
-            Priority::Spill,
-            Box::new(move || {
-                let _ = gate_rx.recv();
-            }),
-        );
-        for (p, name) in [(Priority::Background, "bg"), (Priority::Demand, "demand")] {
-            let order = Arc::clone(&order);
-            pool.submit(p, Box::new(move || order.lock().push(name)));
-        }
-        gate_tx.send(()).unwrap();
-        pool.wait_idle_blocking();
-        assert_eq!(*order.lock(), vec!["demand", "bg"]);
-    }
-
-    #[test]
-    fn frees_overtake_queued_reads() {
-        let pool = Pool::new(1).unwrap();
-        let order = Arc::new(Mutex::new(Vec::new()));
-        let (gate_tx, gate_rx) = crossbeam_channel::bounded::<()>(0);
+        // Occupy the only thread so that every queue fills up behind it.
         pool.submit(
             Priority::Demand,
             Box::new(move || {
