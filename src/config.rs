@@ -130,7 +130,11 @@ where
         self
     }
 
-    /// Number of index shards (independent locks). Defaults to: 16.
+    /// Number of index shards (independent locks). Each shard takes about
+    /// 2 KiB before it holds a key: its lock, the heads of its LRU chains
+    /// and the owners its pins hold, each on cache lines of its own so
+    /// that threads working on different keys do not write the same line.
+    /// Defaults to: 16.
     pub fn shards(mut self, n: usize) -> Self {
         self.shards = n;
         self

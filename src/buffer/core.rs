@@ -150,6 +150,10 @@ struct Way {
     lists: [List; 2],
 }
 
+/// Bytes of the chain heads of one core (for the per-shard cost).
+#[cfg(test)]
+pub(crate) const CHAIN_HEADS_BYTES: usize = std::mem::size_of::<[Way; WAYS]>();
+
 pub(crate) struct Core<K, V> {
     /// Slots of the live nodes, found by key hash. The key itself lives in
     /// the node only: 4 bytes a bucket rather than a copy of the key.

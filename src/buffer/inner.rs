@@ -1742,8 +1742,26 @@ pub(crate) fn closed<V>() -> PinResult<V> {
 
 #[cfg(test)]
 mod tests {
-    use super::Backoff;
+    use super::{Backoff, Shard, ShardOwner, WAYS};
+    use std::alloc::Layout;
     use std::sync::atomic::Ordering::Relaxed;
+
+    /// `Builder::shards` documents about 2 KiB per shard before any key:
+    /// the shard, its chain heads and its pins' owners (each owner an
+    /// `Arc` allocation: two counts, then the owner at its alignment).
+    #[test]
+    fn a_shard_costs_about_2_kib() {
+        let owner = Layout::new::<[usize; 2]>()
+            .extend(Layout::new::<ShardOwner<u64, Vec<f64>>>())
+            .unwrap()
+            .0
+            .pad_to_align()
+            .size();
+        let shard = std::mem::size_of::<Shard<u64, Vec<f64>>>()
+            + super::super::core::CHAIN_HEADS_BYTES
+            + WAYS * owner;
+        assert!(shard <= 2048, "{shard} bytes per shard");
+    }
 
     #[test]
     fn backoff_doubles_caps_and_resets() {
