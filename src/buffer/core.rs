@@ -277,24 +277,16 @@ impl<K: Hash + Eq + Clone, V> Core<K, V> {
     /// [`Core::link_front`] into the chain of `way`.
     fn link_front_in(&mut self, way: usize, idx: u32, kind: ListKind, tick: u64) {
         self.unlink(idx);
-        let list = self.ways[way].lists[kind as usize];
-        {
-            let n = self.node_mut(idx);
-            n.tick = tick;
-            n.prev = NIL;
-            n.next = list.head;
-            n.list = Some(kind);
-            n.way = way as u8;
-        }
-        let list = &mut self.ways[way].lists[kind as usize];
-        if list.head == NIL {
-            list.tail = idx;
+        let old_head = std::mem::replace(&mut self.chain(way, kind).head, idx);
+        let n = self.node_mut(idx);
+        (n.tick, n.prev, n.next) = (tick, NIL, old_head);
+        (n.list, n.way) = (Some(kind), way as u8);
+        if old_head == NIL {
+            self.chain(way, kind).tail = idx;
             self.tails_moved = true;
         } else {
-            let old_head = list.head;
             self.node_mut(old_head).prev = idx;
         }
-        self.ways[way].lists[kind as usize].head = idx;
     }
 
     /// Make `idx` the first entry of `kind` to be evicted. Its tick is 0, so
@@ -306,45 +298,40 @@ impl<K: Hash + Eq + Clone, V> Core<K, V> {
     /// [`Core::link_back`] into the chain of `way`.
     fn link_back_in(&mut self, way: usize, idx: u32, kind: ListKind) {
         self.unlink(idx);
-        let list = self.ways[way].lists[kind as usize];
-        {
-            let n = self.node_mut(idx);
-            n.tick = 0;
-            n.next = NIL;
-            n.prev = list.tail;
-            n.list = Some(kind);
-            n.way = way as u8;
-        }
-        if list.tail != NIL {
-            self.node_mut(list.tail).next = idx;
+        let old_tail = std::mem::replace(&mut self.chain(way, kind).tail, idx);
+        let n = self.node_mut(idx);
+        (n.tick, n.prev, n.next) = (0, old_tail, NIL);
+        (n.list, n.way) = (Some(kind), way as u8);
+        if old_tail == NIL {
+            self.chain(way, kind).head = idx;
         } else {
-            self.ways[way].lists[kind as usize].head = idx;
+            self.node_mut(old_tail).next = idx;
         }
-        self.ways[way].lists[kind as usize].tail = idx;
         self.tails_moved = true;
     }
 
     /// Take `idx` off its list, if it is on one.
     pub(crate) fn unlink(&mut self, idx: u32) {
-        let (kind, way, prev, next) = {
-            let n = self.node_mut(idx);
-            let Some(kind) = n.list.take() else { return };
-            let links = (kind, n.way as usize, n.prev, n.next);
-            n.prev = NIL;
-            n.next = NIL;
-            links
-        };
+        let n = self.node_mut(idx);
+        let Some(kind) = n.list.take() else { return };
+        let (way, prev, next) = (n.way as usize, n.prev, n.next);
+        (n.prev, n.next) = (NIL, NIL);
         if prev != NIL {
             self.node_mut(prev).next = next;
         } else {
-            self.ways[way].lists[kind as usize].head = next;
+            self.chain(way, kind).head = next;
         }
         if next != NIL {
             self.node_mut(next).prev = prev;
         } else {
-            self.ways[way].lists[kind as usize].tail = prev;
+            self.chain(way, kind).tail = prev;
             self.tails_moved = true;
         }
+    }
+
+    /// The chain of `kind` that `way` links into.
+    fn chain(&mut self, way: usize, kind: ListKind) -> &mut List {
+        &mut self.ways[way].lists[kind as usize]
     }
 
     /// Whether a list's tail moved since the last call: the shard
