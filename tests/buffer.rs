@@ -2,8 +2,11 @@
 
 mod common;
 
-use common::{buffer, files_under, value, Buf};
+use common::{buffer, files_under, start_each, value, Buf};
+use spillbuffer::testing::FaultyStorage;
 use spillbuffer::{Compression, Error, SpillBuffer};
+use std::pin::pin;
+use std::sync::Arc;
 
 #[test]
 fn values_spill_past_the_target_and_read_back() {
@@ -292,11 +295,23 @@ fn two_buffers_in_one_directory_do_not_share_files() {
 #[tokio::test(flavor = "current_thread")]
 async fn pin_reads_back_without_blocking_and_shares_one_read() {
     let tmp = tempfile::tempdir().unwrap();
-    let b = buffer(tmp.path(), 0);
+    let storage = FaultyStorage::new();
+    let faults = storage.faults();
+    let b: Buf = SpillBuffer::builder(tmp.path())
+        .memory_target(0)
+        .storage(Arc::new(storage))
+        .build()
+        .unwrap();
     b.insert(1, value(1, 100_000)).unwrap();
     b.flush().await.unwrap();
     assert!(b.try_pin(&1).is_none());
-    let (x, y, z) = tokio::join!(b.pin(&1), b.pin(&1), b.pin(&1));
+    // Hold the read until all three pins wait on it.
+    faults.hold_reads(true);
+    let (mut x, mut y, mut z) = (pin!(b.pin(&1)), pin!(b.pin(&1)), pin!(b.pin(&1)));
+    start_each(&mut [x.as_mut(), y.as_mut(), z.as_mut()]).await;
+    faults.wait_until_held(1);
+    faults.hold_reads(false);
+    let (x, y, z) = tokio::join!(x, y, z);
     for p in [x, y, z] {
         assert_eq!(*p.unwrap().unwrap(), value(1, 100_000));
     }

@@ -3,10 +3,11 @@
 
 mod common;
 
-use common::{files_under, value};
+use common::{files_under, start_each, value};
 use rand::{Rng, SeedableRng};
 use spillbuffer::testing::{FaultyStorage, WriteFault};
 use spillbuffer::{Compression, Error, SpillBuffer};
+use std::pin::pin;
 use std::sync::Arc;
 
 type Buf = SpillBuffer<u64, Vec<u8>>;
@@ -305,7 +306,13 @@ async fn a_failed_read_errors_every_waiter_then_retries_cleanly() {
     b.insert(9, value(9, 5000)).unwrap();
     b.flush().await.unwrap();
     faults.fail_nth_read(1);
-    let (x, y) = tokio::join!(b.pin(&9), b.pin(&9));
+    faults.hold_reads(true);
+    let (mut x, mut y) = (pin!(b.pin(&9)), pin!(b.pin(&9)));
+    start_each(&mut [x.as_mut(), y.as_mut()]).await;
+    faults.wait_until_held(1);
+    faults.hold_reads(false);
+    let (x, y) = tokio::join!(x, y);
+    assert_eq!(faults.reads(), 1, "the two pins share one read");
     for r in [x, y] {
         let e = r.unwrap_err();
         assert!(e.is_io(), "{e}");

@@ -45,3 +45,18 @@ pub fn files_under(dir: &std::path::Path) -> usize {
         })
         .sum()
 }
+
+/// Poll each future once, in order, and check that none of them finished.
+/// With reads held at the storage (`Faults::hold_reads`), this starts several
+/// calls at a known point before any of their IO can complete, where
+/// `tokio::join!` alone would let the first read land before the second call
+/// is polled.
+pub async fn start_each<F: std::future::Future>(futs: &mut [std::pin::Pin<&mut F>]) {
+    std::future::poll_fn(|cx| {
+        for (i, f) in futs.iter_mut().enumerate() {
+            assert!(f.as_mut().poll(cx).is_pending(), "call {i} finished early");
+        }
+        std::task::Poll::Ready(())
+    })
+    .await
+}
