@@ -9,49 +9,17 @@ mod common;
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 use rand::Rng;
 use std::collections::HashMap;
-use std::sync::{Arc, Barrier};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 const KEYS: u64 = 10_000;
 const VALUE: usize = 64;
 
-/// 4096 draws from thread `t`'s own slice of the keys.
-fn own_keys(t: usize, threads: usize) -> Vec<u64> {
-    let span = KEYS / threads as u64;
-    let mut rng = common::rng(t as u64);
-    (0..4096)
-        .map(|_| t as u64 * span + rng.gen_range(0..span))
-        .collect()
-}
-
-/// Run `body(t)` on `threads` threads started together; `body` prepares,
-/// then calls the `go` it is given to start its clock. The time is the
-/// slowest thread's.
-fn slowest<F>(threads: usize, body: F) -> Duration
-where
-    F: Fn(usize, &dyn Fn() -> Instant) -> Duration + Sync,
-{
-    let barrier = Barrier::new(threads);
-    std::thread::scope(|s| {
-        let hs: Vec<_> = (0..threads)
-            .map(|t| {
-                let (barrier, body) = (&barrier, &body);
-                s.spawn(move || {
-                    body(t, &|| {
-                        barrier.wait();
-                        Instant::now()
-                    })
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).max().unwrap()
-    })
-}
-
-/// `threads` threads each run `iters` pins of their own keys.
+/// `threads` threads each run `iters` pins of their own keys; the time is
+/// the slowest thread's.
 fn run(b: &common::Buf, threads: usize, iters: u64, get: bool) -> Duration {
-    slowest(threads, |t, go| {
-        let order = own_keys(t, threads);
+    common::slowest(threads, |t, go| {
+        let order = common::own_keys(KEYS, t, threads, 0);
         let start = go();
         for i in 0..iters as usize {
             let k = &order[i & 4095];
@@ -60,25 +28,6 @@ fn run(b: &common::Buf, threads: usize, iters: u64, get: bool) -> Duration {
             } else {
                 black_box(b.try_pin(k));
             }
-        }
-        start.elapsed()
-    })
-}
-
-/// The hardware's ceiling for the same loop: `threads` threads each look
-/// their keys up in a `HashMap` of their own and clone (then drop) the
-/// `Arc` found, sharing nothing.
-fn run_parallel_floor(threads: usize, iters: u64) -> Duration {
-    slowest(threads, |t, go| {
-        let span = KEYS / threads as u64;
-        let keys = t as u64 * span..(t as u64 + 1) * span;
-        let map: HashMap<u64, Arc<Vec<f64>>> = keys
-            .map(|k| (k, Arc::new(vec![k as f64; VALUE / 8])))
-            .collect();
-        let order = own_keys(t, threads);
-        let start = go();
-        for i in 0..iters as usize {
-            black_box(map.get(&order[i & 4095]).cloned());
         }
         start.elapsed()
     })
@@ -102,7 +51,7 @@ fn hit(c: &mut Criterion) {
         });
         g.bench_function(
             format!("raw/parallel-hashmap-get-arc-clone/{threads}-threads"),
-            |bn| bn.iter_custom(|iters| run_parallel_floor(threads, iters)),
+            |bn| bn.iter_custom(|iters| common::parallel_floor(KEYS, threads, iters as usize, 0)),
         );
     }
     g.throughput(Throughput::Bytes(VALUE as u64));

@@ -291,12 +291,8 @@ fn hit(o: &Opts, use_get: bool) {
                         let b = &b;
                         let barrier = &barrier;
                         s.spawn(move || {
-                            let mut rng = StdRng::seed_from_u64(rep as u64 * 100 + ti as u64);
                             // Disjoint key ranges per thread.
-                            let span = keys / t as u64;
-                            let order: Vec<u64> = (0..4096)
-                                .map(|_| ti as u64 * span + rng.gen_range(0..span))
-                                .collect();
+                            let order = common::own_keys(keys, ti, t, rep as u64 * 100);
                             let mut samples = Vec::with_capacity(per_thread / 64);
                             barrier.wait();
                             let start = Instant::now();
@@ -335,7 +331,10 @@ fn hit(o: &Opts, use_get: bool) {
                 std::hint::black_box(raw_map.get(&order[i & 4095]).cloned());
             }
             raws.push(per_thread as f64 / start.elapsed().as_secs_f64());
-            pars.push(parallel_floor(keys, t, per_thread, rep as u64));
+            // The hardware's ceiling for `t` threads, as ops/s over all of
+            // them: its scaling is what the crate's can reach.
+            let floor = common::parallel_floor(keys, t, per_thread, rep as u64 * 100);
+            pars.push((per_thread * t) as f64 / floor.as_secs_f64());
         }
         let par = median(&mut pars);
         if t == 1 {
@@ -387,40 +386,6 @@ fn hit(o: &Opts, use_get: bool) {
             },
         );
     }
-}
-
-/// The hardware's ceiling for `t` threads on the hit path: each thread
-/// looks keys up in a `HashMap` of its own and clones (then drops) the
-/// `Arc` it finds, sharing nothing. Returns ops/s over all threads (wall
-/// time of the slowest), so its scaling is what the crate's can reach.
-fn parallel_floor(keys: u64, t: usize, per_thread: usize, seed: u64) -> f64 {
-    let barrier = Barrier::new(t);
-    let slowest = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..t)
-            .map(|ti| {
-                let barrier = &barrier;
-                s.spawn(move || {
-                    let span = keys / t as u64;
-                    let map: HashMap<u64, Arc<Vec<f64>>> = (ti as u64 * span
-                        ..(ti as u64 + 1) * span)
-                        .map(|k| (k, Arc::new(vec![k as f64; 8])))
-                        .collect();
-                    let mut rng = StdRng::seed_from_u64(seed * 100 + ti as u64);
-                    let order: Vec<u64> = (0..4096)
-                        .map(|_| ti as u64 * span + rng.gen_range(0..span))
-                        .collect();
-                    barrier.wait();
-                    let start = Instant::now();
-                    for i in 0..per_thread {
-                        std::hint::black_box(map.get(&order[i & 4095]).cloned());
-                    }
-                    start.elapsed()
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).max().unwrap()
-    });
-    (per_thread * t) as f64 / slowest.as_secs_f64()
 }
 
 /// Insert into memory only (target far above the data).

@@ -9,12 +9,12 @@ use criterion::{black_box, Criterion};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use spillbuffer::{Compression, SpillBuffer};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Barrier;
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 pub type Buf = SpillBuffer<u64, Vec<f64>>;
@@ -225,4 +225,58 @@ pub async fn pin_window(b: &Buf, keys: &[usize], window: usize) -> Vec<u64> {
         arrive(front.await.unwrap());
     }
     lat
+}
+
+/// The order a thread of the hit benchmarks reads its keys in: 4096 draws
+/// from thread `t`'s own share of `0..keys` split over `threads`, seeded by
+/// `seed + t`.
+pub fn own_keys(keys: u64, t: usize, threads: usize, seed: u64) -> Vec<u64> {
+    let span = keys / threads as u64;
+    let mut rng = rng(seed + t as u64);
+    (0..4096)
+        .map(|_| t as u64 * span + rng.gen_range(0..span))
+        .collect()
+}
+
+/// Run `body(t, go)` on `threads` threads started together; `body`
+/// prepares, then calls `go` to start its clock, and returns its time.
+/// Returns the slowest thread's.
+pub fn slowest<F>(threads: usize, body: F) -> Duration
+where
+    F: Fn(usize, &dyn Fn() -> Instant) -> Duration + Sync,
+{
+    let barrier = Barrier::new(threads);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                let (barrier, body) = (&barrier, &body);
+                s.spawn(move || {
+                    body(t, &|| {
+                        barrier.wait();
+                        Instant::now()
+                    })
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).max().unwrap()
+    })
+}
+
+/// The hardware's ceiling for the hit loop on `threads` threads: each
+/// looks up `iters` of its [`own_keys`] in a `HashMap` of its own and
+/// clones (then drops) the `Arc` it finds, sharing nothing. Returns the
+/// slowest thread's time, so its scaling is what the crate's can reach.
+pub fn parallel_floor(keys: u64, threads: usize, iters: usize, seed: u64) -> Duration {
+    slowest(threads, |t, go| {
+        let span = keys / threads as u64;
+        let map: HashMap<u64, Arc<Vec<f64>>> = (t as u64 * span..(t as u64 + 1) * span)
+            .map(|k| (k, Arc::new(vec![k as f64; 8])))
+            .collect();
+        let order = own_keys(keys, t, threads, seed);
+        let start = go();
+        for i in 0..iters {
+            black_box(map.get(&order[i & 4095]).cloned());
+        }
+        start.elapsed()
+    })
 }
