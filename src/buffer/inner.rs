@@ -1717,6 +1717,7 @@ impl<K: Key, V: Spill> PinOwner<V> for Inner<K, V> {
 /// shard, by threads of the same way, share: with one `Arc<Inner>` cloned
 /// and dropped by every pin, two threads pinning different keys wrote the
 /// same cache line each time.
+///
 /// Aligned so that each count sits on a cache line of its own. A guard
 /// keeps the buffer alive through its owner, even after the last handle
 /// is gone.

@@ -5,8 +5,8 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
-/// Copies of the per-use state of a shard: its use-order queues and the
-/// reference counts its pins hold.
+/// Copies of the per-use state of a shard: the chains of its LRU lists and
+/// the reference counts its pins hold.
 pub(crate) const WAYS: usize = 4;
 
 thread_local! {
