@@ -2,11 +2,9 @@
 
 mod common;
 
-use common::{buffer, files_under, start_each, value, Buf};
-use spillbuffer::testing::FaultyStorage;
+use common::{buffer, files_under, start_each, value, with_faults, Buf};
 use spillbuffer::{Compression, Error, SpillBuffer};
 use std::pin::pin;
-use std::sync::Arc;
 
 #[test]
 fn values_spill_past_the_target_and_read_back() {
@@ -295,13 +293,7 @@ fn two_buffers_in_one_directory_do_not_share_files() {
 #[tokio::test(flavor = "current_thread")]
 async fn pin_reads_back_without_blocking_and_shares_one_read() {
     let tmp = tempfile::tempdir().unwrap();
-    let storage = FaultyStorage::new();
-    let faults = storage.faults();
-    let b: Buf = SpillBuffer::builder(tmp.path())
-        .memory_target(0)
-        .storage(Arc::new(storage))
-        .build()
-        .unwrap();
+    let (b, faults) = with_faults(SpillBuffer::builder(tmp.path()).memory_target(0));
     b.insert(1, value(1, 100_000)).unwrap();
     b.flush().await.unwrap();
     assert!(b.try_pin(&1).is_none());

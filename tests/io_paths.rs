@@ -4,8 +4,8 @@
 
 mod common;
 
-use common::value;
-use spillbuffer::testing::FaultyStorage;
+use common::{value, with_faults};
+use spillbuffer::testing::Faults;
 use spillbuffer::{BoxError, Compression, Error, Spill, SpillBuffer};
 use std::sync::Arc;
 
@@ -90,21 +90,18 @@ fn types_without_in_place_paths_still_round_trip() {
 }
 
 /// Everything on disk, raw records, over a storage layer that fails on demand.
-fn large_buffer(dir: &std::path::Path, storage: FaultyStorage) -> SpillBuffer<u64, Vec<u8>> {
-    SpillBuffer::builder(dir)
-        .memory_target(0)
-        .compression(Compression::None)
-        .storage(Arc::new(storage))
-        .build()
-        .unwrap()
+fn large_buffer(dir: &std::path::Path) -> (SpillBuffer<u64, Vec<u8>>, Arc<Faults>) {
+    with_faults(
+        SpillBuffer::builder(dir)
+            .memory_target(0)
+            .compression(Compression::None),
+    )
 }
 
 #[test]
 fn corrupted_large_record_is_reported_and_others_still_read() {
     let tmp = tempfile::tempdir().unwrap();
-    let storage = FaultyStorage::new();
-    let faults = storage.faults();
-    let b = large_buffer(tmp.path(), storage);
+    let (b, faults) = large_buffer(tmp.path());
     b.insert(1, value(1, BIG)).unwrap();
     b.insert(2, value(2, BIG)).unwrap();
     b.flush_blocking().unwrap();
@@ -122,9 +119,7 @@ fn corrupted_large_record_is_reported_and_others_still_read() {
 #[test]
 fn failed_large_write_keeps_the_value_in_memory() {
     let tmp = tempfile::tempdir().unwrap();
-    let storage = FaultyStorage::new();
-    let faults = storage.faults();
-    let b = large_buffer(tmp.path(), storage);
+    let (b, faults) = large_buffer(tmp.path());
     faults.fail_nth_write(1, spillbuffer::testing::WriteFault::Short);
     b.insert(1, value(1, BIG)).unwrap();
     b.flush_blocking().unwrap();
@@ -132,19 +127,18 @@ fn failed_large_write_keeps_the_value_in_memory() {
     assert_eq!(*b.get(&1).unwrap().unwrap(), value(1, BIG));
 }
 
-fn small_buffer(dir: &std::path::Path, storage: FaultyStorage) -> SpillBuffer<u64, Vec<u8>> {
-    SpillBuffer::builder(dir)
-        .memory_target(8 << 10)
-        .segment_size(64 << 10)
-        .storage(Arc::new(storage))
-        .build()
-        .unwrap()
+fn small_buffer(dir: &std::path::Path) -> (SpillBuffer<u64, Vec<u8>>, Arc<Faults>) {
+    with_faults(
+        SpillBuffer::builder(dir)
+            .memory_target(8 << 10)
+            .segment_size(64 << 10),
+    )
 }
 
 #[test]
 fn batched_small_values_round_trip() {
     let tmp = tempfile::tempdir().unwrap();
-    let b = small_buffer(tmp.path(), FaultyStorage::new());
+    let (b, _) = small_buffer(tmp.path());
     for k in 0..2000u64 {
         b.insert(k, value(k, 1000 + (k as usize % 7) * 100))
             .unwrap();
@@ -165,9 +159,7 @@ fn batched_small_values_round_trip() {
 #[test]
 fn failed_batch_writes_lose_nothing_and_retry_once_the_fault_clears() {
     let tmp = tempfile::tempdir().unwrap();
-    let storage = FaultyStorage::new();
-    let faults = storage.faults();
-    let b = small_buffer(tmp.path(), storage);
+    let (b, faults) = small_buffer(tmp.path());
     faults.fail_all_writes(spillbuffer::testing::WriteFault::Short);
     for k in 0..500u64 {
         b.insert(k, value(k, 1000)).unwrap();

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{files_under, start_each, value};
+use common::{files_under, start_each, value, with_faults};
 use rand::{Rng, SeedableRng};
 use spillbuffer::testing::{FaultyStorage, WriteFault};
 use spillbuffer::{Compression, Error, SpillBuffer};
@@ -216,14 +216,7 @@ fn stale_directories_of_dead_owners_are_swept_at_start() {
 }
 
 fn faulty(dir: &std::path::Path) -> (Buf, Arc<spillbuffer::testing::Faults>) {
-    let storage = FaultyStorage::new();
-    let faults = storage.faults();
-    let b = builder(dir)
-        .memory_target(0)
-        .storage(Arc::new(storage))
-        .build()
-        .unwrap();
-    (b, faults)
+    with_faults(builder(dir).memory_target(0))
 }
 
 #[test]

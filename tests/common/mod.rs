@@ -1,7 +1,9 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
-use spillbuffer::{SpillBuffer, Stats};
+use spillbuffer::testing::{Faults, FaultyStorage};
+use spillbuffer::{Builder, SpillBuffer, Stats};
+use std::sync::Arc;
 
 pub type Buf = SpillBuffer<u64, Vec<u8>>;
 
@@ -24,6 +26,15 @@ pub fn buffer(dir: &std::path::Path, target: usize) -> Buf {
         .segment_size(64 * 1024)
         .build()
         .expect("build")
+}
+
+/// Build `builder` over a storage layer that fails (or holds IO) on
+/// demand; returns the buffer and the switches.
+pub fn with_faults(builder: Builder<u64, Vec<u8>>) -> (Buf, Arc<Faults>) {
+    let storage = FaultyStorage::new();
+    let faults = storage.faults();
+    let b = builder.storage(Arc::new(storage)).build().expect("build");
+    (b, faults)
 }
 
 pub fn stats(b: &Buf) -> Stats {
