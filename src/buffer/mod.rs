@@ -255,6 +255,20 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
         inner.with_shard(inner.shard_of(key), |core| core.contains(key))
     }
 
+    /// The live keys, in no particular order, without reading any value
+    /// back or touching the LRU order. A snapshot: keys inserted or removed
+    /// by other threads while it is taken may or may not be in it.
+    pub fn keys(&self) -> Vec<K> {
+        let inner = self.inner();
+        let mut out = Vec::with_capacity(self.len());
+        for s in 0..inner.shards.len() {
+            inner.with_shard(s, |core| {
+                out.extend(core.nodes().map(|(_, n)| n.key.clone()))
+            });
+        }
+        out
+    }
+
     /// Number of live keys.
     pub fn len(&self) -> usize {
         self.inner()
@@ -303,6 +317,25 @@ mod tests {
             .memory_target(1 << 20)
             .build()
             .unwrap()
+    }
+
+    #[test]
+    fn keys_lists_both_tiers_without_reading_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = buffer(dir.path());
+        for k in 0..32u64 {
+            b.insert(k, vec![k as f64; 1 << 14]).unwrap();
+        }
+        b.remove(&7);
+        b.flush_blocking().unwrap();
+        assert!(!on_disk(&b).is_empty(), "some keys must be spilled");
+        let reads = b.stats().unspill_count_total;
+        let mut keys = b.keys();
+        keys.sort_unstable();
+        let want: Vec<u64> = (0..32).filter(|&k| k != 7).collect();
+        assert_eq!(keys, want);
+        assert_eq!(b.stats().unspill_count_total, reads, "keys() read a value");
+        b.validate().unwrap();
     }
 
     #[test]
