@@ -83,3 +83,200 @@ impl Metrics {
         stats.unspill_seconds_total = self.unspill_nanos.load(Relaxed) as f64 * 1e-9;
     }
 }
+
+/// Several lines, one per topic, each figure with its unit: bytes in binary
+/// units (KiB = 1024 B), counts with thousands separators, IO time in
+/// seconds summed over the IO threads (so it can exceed wall time).
+///
+/// ```
+/// let stats = spillbuffer::Stats {
+///     memory_bytes: 3 << 20,
+///     memory_count: 3,
+///     ..Default::default()
+/// };
+/// let text = stats.to_string();
+/// assert!(text.starts_with("in memory: 3.0 MiB in 3 values"));
+/// ```
+impl std::fmt::Display for Stats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "in memory: {} in {} values ({} of them being written)",
+            Bytes(self.memory_bytes),
+            Count(self.memory_count),
+            Bytes(self.spilling_bytes),
+        )?;
+        writeln!(
+            f,
+            "on disk: {} in {} records (after compression), files {}",
+            Bytes(self.disk_bytes),
+            Count(self.disk_count),
+            Bytes(self.file_bytes),
+        )?;
+        writeln!(
+            f,
+            "spilled: {} in {} records, {} of IO-thread time",
+            Bytes(self.spilled_bytes_total),
+            Count(self.spill_count_total),
+            Seconds(self.spill_seconds_total),
+        )?;
+        writeln!(
+            f,
+            "read back: {} in {} records, {} of read time",
+            Bytes(self.unspilled_bytes_total),
+            Count(self.unspill_count_total),
+            Seconds(self.unspill_seconds_total),
+        )?;
+        writeln!(
+            f,
+            "evicted without a write: {}; records moved by compaction: {}",
+            Count(self.clean_evictions_total),
+            Count(self.compacted_count_total),
+        )?;
+        write!(
+            f,
+            "failed spills: {} ({} refused by max_spill)",
+            Count(self.spill_errors_total),
+            Count(self.spill_budget_refusals_total),
+        )
+    }
+}
+
+/// A byte count in binary units: `512 B`, `1.5 KiB`, `3.0 MiB`, …
+struct Bytes(u64);
+
+impl std::fmt::Display for Bytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+        if self.0 < 1024 {
+            return write!(f, "{} B", self.0);
+        }
+        let mut value = self.0 as f64 / 1024.0;
+        let mut unit = 0;
+        while value >= 1024.0 && unit + 1 < UNITS.len() {
+            value /= 1024.0;
+            unit += 1;
+        }
+        write!(f, "{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// A count with thousands separators: `1,234,567`.
+struct Count(u64);
+
+impl std::fmt::Display for Count {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let digits = self.0.to_string();
+        for (i, d) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i) % 3 == 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{d}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A duration in seconds, shown in ms or µs when short.
+struct Seconds(f64);
+
+impl std::fmt::Display for Seconds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.0;
+        if s == 0.0 {
+            f.write_str("0 s")
+        } else if s < 1e-3 {
+            write!(f, "{:.0} µs", s * 1e6)
+        } else if s < 1.0 {
+            write!(f, "{:.1} ms", s * 1e3)
+        } else {
+            write!(f, "{s:.2} s")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_use_binary_units() {
+        let cases = [
+            (0, "0 B"),
+            (1023, "1023 B"),
+            (1024, "1.0 KiB"),
+            (1536, "1.5 KiB"),
+            ((1 << 20) - 1, "1024.0 KiB"),
+            (1 << 20, "1.0 MiB"),
+            (5 << 30, "5.0 GiB"),
+            (3 << 40, "3.0 TiB"),
+            (u64::MAX, "16.0 EiB"),
+        ];
+        for (n, want) in cases {
+            assert_eq!(Bytes(n).to_string(), want, "{n}");
+        }
+    }
+
+    #[test]
+    fn counts_have_thousands_separators() {
+        let cases = [
+            (0, "0"),
+            (999, "999"),
+            (1000, "1,000"),
+            (123_456, "123,456"),
+            (1_234_567, "1,234,567"),
+            (u64::MAX, "18,446,744,073,709,551,615"),
+        ];
+        for (n, want) in cases {
+            assert_eq!(Count(n).to_string(), want, "{n}");
+        }
+    }
+
+    #[test]
+    fn seconds_pick_a_readable_unit() {
+        let cases = [
+            (0.0, "0 s"),
+            (0.000_042, "42 µs"),
+            (0.0125, "12.5 ms"),
+            (0.9994, "999.4 ms"),
+            (1.0, "1.00 s"),
+            (83.456, "83.46 s"),
+        ];
+        for (s, want) in cases {
+            assert_eq!(Seconds(s).to_string(), want, "{s}");
+        }
+    }
+
+    #[test]
+    fn display_shows_every_field_with_its_unit() {
+        let stats = Stats {
+            memory_bytes: 64 << 20,
+            memory_count: 64,
+            spilling_bytes: 2 << 20,
+            disk_bytes: 200 << 20,
+            disk_count: 256,
+            file_bytes: 256 << 20,
+            spilled_bytes_total: 300 << 20,
+            spill_count_total: 1_300,
+            unspilled_bytes_total: 3 << 30,
+            unspill_count_total: 12_345,
+            clean_evictions_total: 160,
+            spill_errors_total: 7,
+            spill_budget_refusals_total: 2,
+            compacted_count_total: 9,
+            spill_seconds_total: 1.5,
+            unspill_seconds_total: 0.25,
+        };
+        let want = "\
+in memory: 64.0 MiB in 64 values (2.0 MiB of them being written)
+on disk: 200.0 MiB in 256 records (after compression), files 256.0 MiB
+spilled: 300.0 MiB in 1,300 records, 1.50 s of IO-thread time
+read back: 3.0 GiB in 12,345 records, 250.0 ms of read time
+evicted without a write: 160; records moved by compaction: 9
+failed spills: 7 (2 refused by max_spill)";
+        assert_eq!(stats.to_string(), want);
+        for line in want.lines() {
+            assert!(line.chars().count() <= 80, "line too long: {line}");
+        }
+    }
+}
