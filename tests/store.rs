@@ -202,6 +202,7 @@ fn stale_directories_of_dead_owners_are_swept_at_start() {
     let stale = tmp.path().join("spillbuffer-4000000001-00000000000000aa");
     std::fs::create_dir(&stale).unwrap();
     std::fs::write(stale.join("seg-00000000.spill"), vec![0u8; 4096]).unwrap();
+    std::fs::write(stale.join("lock"), b"").unwrap(); // a lock nobody holds
     let live = tmp.path().join(format!(
         "spillbuffer-{}-00000000000000bb",
         std::process::id()

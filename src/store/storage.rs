@@ -42,11 +42,12 @@ pub struct FsStorage;
 
 impl Storage for FsStorage {
     fn create(&self, path: &Path) -> io::Result<Arc<dyn SegmentFile>> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(path)?;
+        let mut options = OpenOptions::new();
+        options.read(true).write(true).create_new(true);
+        // Private to this user: the umask can only take bits away from 0600.
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let file = options.open(path)?;
         Ok(Arc::new(FsFile {
             file,
             #[cfg(unix)]
