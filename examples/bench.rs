@@ -3,7 +3,7 @@
 //! directory, and prints one JSON line per workload.
 //!
 //! ```text
-//! cargo run --release --example bench -- [--workload all|metadata|hit|get|insert|spill|unspill|unspill-pipelined]
+//! cargo run --release --example bench -- [--workload all|metadata|hit|get|insert|spill|unspill|unspill-pipelined|policy]
 //!     [--dir DIR] [--small BYTES] [--large BYTES] [--count-small N] [--count-large N]
 //!     [--target BYTES] [--threads 1,2] [--compression lz4|none] [--keys N] [--io-threads N]
 //!     [--hit-ops N] [--hit-keys N] [--repeat R] [--window W]
@@ -17,9 +17,18 @@
 //! costs about as much as the call itself); for the pipelined unspill, each
 //! is one `pin` from its first poll to its value, its wait behind the other
 //! reads in flight included. Peak RSS is VmHWM, reset before each workload.
+//!
+//! `policy` (not part of `all`): `--hit-keys` values of `--small` bytes
+//! inserted once, then `--hit-ops` blocking `get`s in zipf(1) order and in
+//! a zipf-plus-scan mix, with memory for 10%, 25% and 50% of the values;
+//! disk reads are reported against an exact LRU of the same byte capacity
+//! on the same sequence. `policy-sweep` replays the same sequences through
+//! the eviction rule alone, for several dirty-age factors.
 
 #[path = "../benches/common/mod.rs"]
 mod common;
+
+use common::policy;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -52,7 +61,7 @@ struct Opts {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: bench [--workload all|metadata|hit|get|insert|spill|unspill|unspill-pipelined] [--dir DIR] \
+        "usage: bench [--workload all|metadata|hit|get|insert|spill|unspill|unspill-pipelined|policy|policy-sweep] [--dir DIR] \
          [--small BYTES] [--large BYTES] [--count-small N] [--count-large N] [--target BYTES] \
          [--threads 1,2] [--compression lz4|none] [--keys N] [--io-threads N] [--hit-ops N] [--hit-keys N] [--repeat R] [--window W]"
     );
@@ -704,5 +713,70 @@ fn main() {
         unspill(&o, which, "seq", o.small, o.count_small);
         unspill(&o, which, "zipf", o.small, o.count_small);
     }
+    if w == "policy" {
+        policy(&o);
+    }
+    if w == "policy-sweep" {
+        policy_sweep(&o);
+    }
     let _ = std::io::stdout().flush();
+}
+
+/// The sequences of the policy workload, by name.
+fn policy_sequences(o: &Opts) -> [(&'static str, Vec<policy::Access>); 2] {
+    [
+        ("zipf", policy::zipf_reads(o.hit_keys, o.hit_ops, 5)),
+        ("scan-mix", policy::scan_mix(o.hit_keys, o.hit_ops, 5)),
+    ]
+}
+
+fn policy(o: &Opts) {
+    for (name, seq) in policy_sequences(o) {
+        for fraction in [0.10, 0.25, 0.50] {
+            let r = policy::run(&o.dir, o.hit_keys, o.small, fraction, &seq);
+            let line = json!({
+                "workload": "policy",
+                "sequence": name,
+                "memory_fraction": fraction,
+                "keys": o.hit_keys,
+                "value_bytes": o.small,
+                "reads": r.reads,
+                "disk_reads": r.disk_reads,
+                "lru_misses": r.lru_misses,
+                "reads_vs_lru": r.disk_reads as f64 / r.lru_misses.max(1) as f64,
+                "hit_rate": 1.0 - r.disk_reads as f64 / r.reads as f64,
+                "lru_hit_rate": 1.0 - r.lru_misses as f64 / r.reads as f64,
+                "writes": r.writes,
+                "gets_per_s": r.reads as f64 / r.secs,
+            });
+            println!("{line}");
+        }
+    }
+}
+
+fn policy_sweep(o: &Opts) {
+    let mut seqs = policy_sequences(o).to_vec();
+    seqs.push(("insert-mix", policy::insert_mix(o.hit_keys, o.hit_ops, 5)));
+    for (name, seq) in seqs {
+        let mut all = policy::inserts(o.hit_keys);
+        all.extend(seq);
+        for fraction in [0.10, 0.25, 0.50] {
+            let slots = (o.hit_keys as f64 * fraction) as usize;
+            let (lru_reads, lru_writes) = policy::simulate(&all, slots, Some(1.0));
+            for factor in [Some(1.0), Some(1.25), Some(1.5), Some(2.0), Some(4.0), None] {
+                let (reads, writes) = policy::simulate(&all, slots, factor);
+                let line = json!({
+                    "workload": "policy-sweep",
+                    "sequence": name,
+                    "memory_fraction": fraction,
+                    "dirty_age_factor": factor.map_or("clean-first".to_string(), |f| f.to_string()),
+                    "reads": reads,
+                    "writes": writes,
+                    "reads_vs_lru": reads as f64 / lru_reads.max(1) as f64,
+                    "writes_vs_lru": writes as f64 / lru_writes.max(1) as f64,
+                });
+                println!("{line}");
+            }
+        }
+    }
 }
