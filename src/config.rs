@@ -69,7 +69,7 @@ impl<K, V> Builder<K, V> {
         }
     }
 
-    /// Bytes of values (by [`Spill::weight`]) kept in memory before the least
+    /// Bytes of values (by [`Spill::weight`](crate::Spill::weight)) kept in memory before the least
     /// recently used are spilled. Defaults to: 1 GiB.
     pub fn memory_target(mut self, bytes: usize) -> Self {
         self.cfg.memory_target = bytes;
