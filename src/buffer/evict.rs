@@ -36,12 +36,13 @@ pub(crate) const DIRTY_AGE_FACTOR: (u64, u64) = (5, 4);
 
 /// Which list gives the next victim, from the ticks of the two lists'
 /// least recently used entries (`None`: the list is empty) and `now`, the
-/// newest tick. A tick of 0 marks a consumed entry, first in line. Dirty
-/// entries are candidates only when `writes` are allowed.
+/// newest tick (asked for only when both lists have a candidate). A tick
+/// of 0 marks a consumed entry, first in line. Dirty entries are
+/// candidates only when `writes` are allowed.
 pub(crate) fn choose(
     clean: Option<u64>,
     dirty: Option<u64>,
-    now: u64,
+    now: impl FnOnce() -> u64,
     writes: bool,
 ) -> Option<ListKind> {
     let dirty = dirty.filter(|_| writes);
@@ -52,6 +53,7 @@ pub(crate) fn choose(
         (Some(0), Some(_)) => Some(ListKind::Clean),
         (Some(_), Some(0)) => Some(ListKind::Dirty),
         (Some(c), Some(d)) => {
+            let now = now();
             let age_c = now.saturating_sub(c) as u128;
             let age_d = now.saturating_sub(d) as u128;
             let (num, den) = DIRTY_AGE_FACTOR;
@@ -108,7 +110,9 @@ impl<K: Key, V: Spill> Inner<K, V> {
         for attempt in 0.. {
             let clean = self.oldest_tail(ListKind::Clean);
             let dirty = self.oldest_tail(ListKind::Dirty);
-            let now = self.newest_tick();
+            // "Now" (a read of every shard's clock) only when both lists
+            // have a candidate.
+            let now = || self.newest_tick();
             let kind = choose(clean.map(|c| c.0), dirty.map(|d| d.0), now, writes)?;
             let (tick, s) = match kind {
                 ListKind::Clean => clean?,
@@ -183,16 +187,16 @@ mod tests {
     #[test]
     fn consumed_first_then_clean_unless_the_dirty_one_is_much_older() {
         use ListKind::{Clean, Dirty};
-        assert_eq!(choose(None, None, 9, true), None);
-        assert_eq!(choose(Some(5), Some(0), 100, true), Some(Dirty));
-        assert_eq!(choose(Some(5), Some(0), 100, false), Some(Clean));
-        assert_eq!(choose(None, Some(3), 100, false), None);
+        assert_eq!(choose(None, None, || 9, true), None);
+        assert_eq!(choose(Some(5), Some(0), || 100, true), Some(Dirty));
+        assert_eq!(choose(Some(5), Some(0), || 100, false), Some(Clean));
+        assert_eq!(choose(None, Some(3), || 100, false), None);
         // now 100: clean used at 80 (age 20), dirty at 75 (age 25): not
         // more than 5/4 as old, so the clean one goes.
-        assert_eq!(choose(Some(80), Some(75), 100, true), Some(Clean));
-        assert_eq!(choose(Some(80), Some(74), 100, true), Some(Dirty));
+        assert_eq!(choose(Some(80), Some(75), || 100, true), Some(Clean));
+        assert_eq!(choose(Some(80), Some(74), || 100, true), Some(Dirty));
         // A clean value older than the dirty one always goes first.
-        assert_eq!(choose(Some(10), Some(50), 100, true), Some(Clean));
+        assert_eq!(choose(Some(10), Some(50), || 100, true), Some(Clean));
     }
 
     #[test]

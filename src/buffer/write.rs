@@ -63,17 +63,17 @@ impl<K: Key, V: Spill> Inner<K, V> {
         }
         let start = Instant::now();
         let items: Vec<(&K, &V)> = small.iter().map(|j| (&j.key, &*j.value)).collect();
-        let mut outcomes = Vec::with_capacity(small.len());
-        self.store
-            .put_batch(&items, |i, res| outcomes.push((i, res)));
-        drop(items);
+        // Each record's outcome is applied as soon as its write is done,
+        // so that memory is freed batch by batch. The jobs' handles on the
+        // values go at the end; on the pool a free happens in place anyway.
+        self.store.put_batch(&items, |i, res| {
+            let job = &small[i];
+            self.finish_spill(&job.key, job.version, res);
+        });
         Metrics::add_time(&self.metrics.spill_nanos, start.elapsed());
-        let mut jobs: Vec<Option<SpillJob<K, V>>> = small.into_iter().map(Some).collect();
-        for (i, res) in outcomes {
-            if let Some(job) = jobs[i].take() {
-                self.finish_spill(job, res);
-            }
-        }
+        drop(items);
+        drop(small);
+        self.queue_compactions();
     }
 
     /// Write one value out. Runs on the pool.
@@ -84,32 +84,33 @@ impl<K: Key, V: Spill> Inner<K, V> {
         let start = Instant::now();
         let res = self.store.put(&job.key, &*job.value);
         Metrics::add_time(&self.metrics.spill_nanos, start.elapsed());
-        self.finish_spill(job, res);
-    }
-
-    /// Apply a write's outcome. The job's handle on the value goes first,
-    /// so that the entry's is the last one when the entry lets it go.
-    fn finish_spill(&self, job: SpillJob<K, V>, res: crate::error::Result<DiskLoc>) {
         let SpillJob {
             key,
             version,
             value,
         } = job;
+        // The job's handle goes first, so that the entry's is the last one
+        // when the entry lets the value go.
         drop(value);
-        match res {
-            Ok(loc) => self.spill_done(key, version, loc),
-            Err(e) => self.spill_failed(&key, version, e),
-        }
+        self.finish_spill(&key, version, res);
         self.queue_compactions();
     }
 
-    fn spill_done(&self, key: K, version: u64, loc: DiskLoc) {
+    /// Apply a write's outcome to its entry.
+    fn finish_spill(&self, key: &K, version: u64, res: crate::error::Result<DiskLoc>) {
+        match res {
+            Ok(loc) => self.spill_done(key, version, loc),
+            Err(e) => self.spill_failed(key, version, e),
+        }
+    }
+
+    fn spill_done(&self, key: &K, version: u64, loc: DiskLoc) {
         Metrics::add(&self.metrics.spill_count, 1);
         Metrics::add(&self.metrics.spilled_bytes, loc.len());
         self.budget_logged.store(false, Relaxed);
         self.backoff.success();
-        let s = self.shard_of(&key);
-        let (after, kept) = self.with_shard(s, |shard| shard.spill_done(&key, version, loc));
+        let s = self.shard_of(key);
+        let (after, kept) = self.with_shard(s, |shard| shard.spill_done(key, version, loc));
         self.act(s, after);
         if kept {
             // Pinned while it was written: clean now, and evictable for free
