@@ -13,12 +13,12 @@
 //! old dirty values nobody reads held memory for good (2.6-5× the disk
 //! reads of an LRU on zipf reads). And a dirty value kept longer is
 //! usually written later anyway, so the write it saves is small: replayed
-//! through this rule, factors of 2 and 4 saved at most 1-13% of writes
-//! and cost up to 19% and 38% more reads than LRU on a zipf read mix with
-//! inserts, while 5/4 stays within 1.00× of LRU's reads on zipf reads and
-//! scans and within 1.06× with inserts (docs/BENCHMARKS.md, "Eviction
-//! policy"). A dirty value used just before a clean one still goes after
-//! it.
+//! through this rule, a factor of 2 saved at most 5% of writes and cost up
+//! to 19% more reads than LRU on zipf reads mixed with inserts, a factor
+//! of 4 up to 38% (and 6% on zipf reads alone), while 5/4 stays within
+//! 1.00× of LRU's reads on zipf reads and scans and within 1.06× with
+//! inserts (docs/BENCHMARKS.md, "Eviction policy"). A dirty value used
+//! just before a clean one still goes after it.
 
 use super::entry::ListKind;
 use super::inner::Inner;
