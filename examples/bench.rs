@@ -714,69 +714,10 @@ fn main() {
         unspill(&o, which, "zipf", o.small, o.count_small);
     }
     if w == "policy" {
-        policy(&o);
+        policy::report(&o.dir, o.hit_keys, o.hit_ops, o.small);
     }
     if w == "policy-sweep" {
-        policy_sweep(&o);
+        policy::sweep_report(o.hit_keys, o.hit_ops);
     }
     let _ = std::io::stdout().flush();
-}
-
-/// The sequences of the policy workload, by name.
-fn policy_sequences(o: &Opts) -> [(&'static str, Vec<policy::Access>); 2] {
-    [
-        ("zipf", policy::zipf_reads(o.hit_keys, o.hit_ops, 5)),
-        ("scan-mix", policy::scan_mix(o.hit_keys, o.hit_ops, 5)),
-    ]
-}
-
-fn policy(o: &Opts) {
-    for (name, seq) in policy_sequences(o) {
-        for fraction in [0.10, 0.25, 0.50] {
-            let r = policy::run(&o.dir, o.hit_keys, o.small, fraction, &seq);
-            let line = json!({
-                "workload": "policy",
-                "sequence": name,
-                "memory_fraction": fraction,
-                "keys": o.hit_keys,
-                "value_bytes": o.small,
-                "reads": r.reads,
-                "disk_reads": r.disk_reads,
-                "lru_misses": r.lru_misses,
-                "reads_vs_lru": r.disk_reads as f64 / r.lru_misses.max(1) as f64,
-                "hit_rate": 1.0 - r.disk_reads as f64 / r.reads as f64,
-                "lru_hit_rate": 1.0 - r.lru_misses as f64 / r.reads as f64,
-                "writes": r.writes,
-                "gets_per_s": r.reads as f64 / r.secs,
-            });
-            println!("{line}");
-        }
-    }
-}
-
-fn policy_sweep(o: &Opts) {
-    let mut seqs = policy_sequences(o).to_vec();
-    seqs.push(("insert-mix", policy::insert_mix(o.hit_keys, o.hit_ops, 5)));
-    for (name, seq) in seqs {
-        let mut all = policy::inserts(o.hit_keys);
-        all.extend(seq);
-        for fraction in [0.10, 0.25, 0.50] {
-            let slots = (o.hit_keys as f64 * fraction) as usize;
-            let (lru_reads, lru_writes) = policy::simulate(&all, slots, Some(1.0));
-            for factor in [Some(1.0), Some(1.25), Some(1.5), Some(2.0), Some(4.0), None] {
-                let (reads, writes) = policy::simulate(&all, slots, factor);
-                let line = json!({
-                    "workload": "policy-sweep",
-                    "sequence": name,
-                    "memory_fraction": fraction,
-                    "dirty_age_factor": factor.map_or("clean-first".to_string(), |f| f.to_string()),
-                    "reads": reads,
-                    "writes": writes,
-                    "reads_vs_lru": reads as f64 / lru_reads.max(1) as f64,
-                    "writes_vs_lru": writes as f64 / lru_writes.max(1) as f64,
-                });
-                println!("{line}");
-            }
-        }
-    }
 }

@@ -11,6 +11,7 @@
 
 use super::{random_f64, rng, zipf, Buf};
 use rand::Rng;
+use serde_json::json;
 use spillbuffer::SpillBuffer;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -223,5 +224,68 @@ pub fn run(
         lru_misses: lru.misses,
         writes: after.spill_count_total - before.spill_count_total,
         secs,
+    }
+}
+
+/// The sequences of the policy workload, by name.
+fn sequences(keys: usize, reads: usize) -> [(&'static str, Vec<Access>); 2] {
+    [
+        ("zipf", zipf_reads(keys, reads, 5)),
+        ("scan-mix", scan_mix(keys, reads, 5)),
+    ]
+}
+
+/// Print one JSON line per sequence and memory fraction: the buffer's
+/// disk reads against the exact LRU's (`--workload policy`).
+pub fn report(dir: &Path, keys: usize, reads: usize, value_bytes: usize) {
+    for (name, seq) in sequences(keys, reads) {
+        for fraction in [0.10, 0.25, 0.50] {
+            let r = run(dir, keys, value_bytes, fraction, &seq);
+            let line = json!({
+                "workload": "policy",
+                "sequence": name,
+                "memory_fraction": fraction,
+                "keys": keys,
+                "value_bytes": value_bytes,
+                "reads": r.reads,
+                "disk_reads": r.disk_reads,
+                "lru_misses": r.lru_misses,
+                "reads_vs_lru": r.disk_reads as f64 / r.lru_misses.max(1) as f64,
+                "hit_rate": 1.0 - r.disk_reads as f64 / r.reads as f64,
+                "lru_hit_rate": 1.0 - r.lru_misses as f64 / r.reads as f64,
+                "writes": r.writes,
+                "gets_per_s": r.reads as f64 / r.secs,
+            });
+            println!("{line}");
+        }
+    }
+}
+
+/// Print one JSON line per sequence, memory fraction and dirty-age factor:
+/// the rule replayed without IO (`--workload policy-sweep`).
+pub fn sweep_report(keys: usize, reads: usize) {
+    let mut seqs = sequences(keys, reads).to_vec();
+    seqs.push(("insert-mix", insert_mix(keys, reads, 5)));
+    for (name, seq) in seqs {
+        let mut all = inserts(keys);
+        all.extend(seq);
+        for fraction in [0.10, 0.25, 0.50] {
+            let slots = (keys as f64 * fraction) as usize;
+            let (lru_reads, lru_writes) = simulate(&all, slots, Some(1.0));
+            for factor in [Some(1.0), Some(1.25), Some(1.5), Some(2.0), Some(4.0), None] {
+                let (reads, writes) = simulate(&all, slots, factor);
+                let line = json!({
+                    "workload": "policy-sweep",
+                    "sequence": name,
+                    "memory_fraction": fraction,
+                    "dirty_age_factor": factor.map_or("clean-first".to_string(), |f| f.to_string()),
+                    "reads": reads,
+                    "writes": writes,
+                    "reads_vs_lru": reads as f64 / lru_reads.max(1) as f64,
+                    "writes_vs_lru": writes as f64 / lru_writes.max(1) as f64,
+                });
+                println!("{line}");
+            }
+        }
     }
 }
