@@ -154,14 +154,14 @@ pub(crate) enum ListKind {
 /// entry eight bytes larger.
 pub(crate) struct Node<K, V> {
     pub key: K,
-    pub(super) state: State<V>,
+    state: State<V>,
     pub weight: usize,
     /// Unique per insert across the buffer; IO results and pins carry it so
     /// that they never act on a newer value of the same key.
     pub version: u64,
-    pub(super) pins: u32,
+    pins: u32,
     /// The host consumed it: when the last pin goes, it is first in line.
-    pub(super) consumed: bool,
+    consumed: bool,
     pub(super) tick: u64,
     pub(super) prev: u32,
     pub(super) next: u32,
@@ -308,8 +308,10 @@ impl<K, V> Node<K, V> {
         };
         let free_now = self.consumed || self.weight > target;
         let next = match &self.state {
-            State::Resident { disk: Some(_), .. } if free_now => {
-                let (value, d) = self.drop_clean();
+            State::Resident {
+                disk: Some(loc), ..
+            } if free_now => {
+                let (value, d) = self.drop_clean(*loc);
                 return (Unpinned::Freed(value), unpinned.plus(d));
             }
             State::Resident { disk, .. } => Unpinned::Link {
@@ -326,16 +328,13 @@ impl<K, V> Node<K, V> {
     }
 
     /// resident-clean → on-disk: the value leaves memory, no IO.
-    fn drop_clean(&mut self) -> (Arc<V>, Delta) {
-        let loc = self.state.disk().expect("a clean entry has a record");
-        match self.swap(State::OnDisk { loc }) {
-            State::Resident { value, .. } => (value, Delta::leave(self.w())),
-            other => {
-                // Not resident after all: put it back untouched.
-                self.state = other;
-                unreachable_state("drop_clean")
-            }
-        }
+    /// The caller has matched the state as resident-clean with record
+    /// `loc`.
+    fn drop_clean(&mut self, loc: DiskLoc) -> (Arc<V>, Delta) {
+        let State::Resident { value, .. } = self.swap(State::OnDisk { loc }) else {
+            unreachable_state("drop_clean")
+        };
+        (value, Delta::leave(self.w()))
     }
 
     /// Eviction of an unpinned resident entry: resident-clean → on-disk
@@ -344,8 +343,10 @@ impl<K, V> Node<K, V> {
     /// entries; validate() checks it).
     pub(crate) fn evict(&mut self) -> Option<(Evicted<V>, Delta)> {
         match &self.state {
-            State::Resident { disk: Some(_), .. } => {
-                let (value, d) = self.drop_clean();
+            State::Resident {
+                disk: Some(loc), ..
+            } => {
+                let (value, d) = self.drop_clean(*loc);
                 Some((Evicted::Dropped(value), d))
             }
             State::Resident { value, disk: None } => {
