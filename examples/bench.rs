@@ -3,7 +3,7 @@
 //! directory, and prints one JSON line per workload.
 //!
 //! ```text
-//! cargo run --release --example bench -- [--workload all|metadata|hit|get|insert|spill|unspill|unspill-pipelined]
+//! cargo run --release --example bench -- [--workload all|metadata|hit|get|insert|spill|unspill|unspill-pipelined|policy]
 //!     [--dir DIR] [--small BYTES] [--large BYTES] [--count-small N] [--count-large N]
 //!     [--target BYTES] [--threads 1,2] [--compression lz4|none] [--keys N] [--io-threads N]
 //!     [--hit-ops N] [--hit-keys N] [--repeat R] [--window W]
@@ -17,9 +17,18 @@
 //! costs about as much as the call itself); for the pipelined unspill, each
 //! is one `pin` from its first poll to its value, its wait behind the other
 //! reads in flight included. Peak RSS is VmHWM, reset before each workload.
+//!
+//! `policy` (not part of `all`): `--hit-keys` values of `--small` bytes
+//! inserted once, then `--hit-ops` blocking `get`s in zipf(1) order and in
+//! a zipf-plus-scan mix, with memory for 10%, 25% and 50% of the values;
+//! disk reads are reported against an exact LRU of the same byte capacity
+//! on the same sequence. `policy-sweep` replays the same sequences through
+//! the eviction rule alone, for several dirty-age factors.
 
 #[path = "../benches/common/mod.rs"]
 mod common;
+
+use common::policy;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -52,7 +61,7 @@ struct Opts {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: bench [--workload all|metadata|hit|get|insert|spill|unspill|unspill-pipelined] [--dir DIR] \
+        "usage: bench [--workload all|metadata|hit|get|insert|spill|unspill|unspill-pipelined|policy|policy-sweep] [--dir DIR] \
          [--small BYTES] [--large BYTES] [--count-small N] [--count-large N] [--target BYTES] \
          [--threads 1,2] [--compression lz4|none] [--keys N] [--io-threads N] [--hit-ops N] [--hit-keys N] [--repeat R] [--window W]"
     );
@@ -703,6 +712,12 @@ fn main() {
         unspill(&o, which, "zipf", o.large, o.count_large);
         unspill(&o, which, "seq", o.small, o.count_small);
         unspill(&o, which, "zipf", o.small, o.count_small);
+    }
+    if w == "policy" {
+        policy::report(&o.dir, o.hit_keys, o.hit_ops, o.small);
+    }
+    if w == "policy-sweep" {
+        policy::sweep_report(o.hit_keys, o.hit_ops);
     }
     let _ = std::io::stdout().flush();
 }

@@ -1,55 +1,57 @@
-//! The builder: every setting of a [`SpillBuffer`], checked once in
-//! [`Builder::build`].
+//! The builder: every setting of a [`SpillBuffer`](crate::SpillBuffer),
+//! checked once into a [`Config`] that the buffer is built from
+//! (`Builder::build` lives with the buffer, so that this module depends
+//! on nothing of it).
 
-use crate::buffer::SpillBuffer;
-use crate::codec::Compression;
 use crate::error::{Error, Result};
+use crate::store::codec::Compression;
 use crate::store::storage::{FsStorage, Storage};
-use crate::value::Spill;
 use std::fmt::Debug;
-use std::hash::Hash;
 use std::marker::PhantomData;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-/// Settings for a [`SpillBuffer`]; made by [`SpillBuffer::builder`].
+/// Settings for a [`SpillBuffer`](crate::SpillBuffer); made by
+/// [`SpillBuffer::builder`](crate::SpillBuffer::builder).
 pub struct Builder<K, V> {
-    pub(crate) dirs: Vec<PathBuf>,
-    pub(crate) memory_target: usize,
-    pub(crate) memory_limit: Option<usize>,
-    pub(crate) max_spill: u64,
-    pub(crate) compression: Compression,
-    pub(crate) io_threads: usize,
-    pub(crate) segment_size: u64,
-    pub(crate) compact_below: f64,
-    pub(crate) shards: usize,
-    pub(crate) storage: Arc<dyn Storage>,
+    cfg: Config,
     _types: PhantomData<fn(K, V)>,
+}
+
+/// Checked settings, as [`Builder::check`] hands them to the buffer.
+pub(crate) struct Config {
+    pub dirs: Vec<PathBuf>,
+    pub memory_target: usize,
+    pub memory_limit: Option<usize>,
+    pub max_spill: u64,
+    pub compression: Compression,
+    pub io_threads: usize,
+    pub segment_size: u64,
+    pub compact_below: f64,
+    pub shards: usize,
+    pub storage: Arc<dyn Storage>,
 }
 
 impl<K, V> Debug for Builder<K, V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let c = &self.cfg;
         f.debug_struct("Builder")
-            .field("dirs", &self.dirs)
-            .field("memory_target", &self.memory_target)
-            .field("memory_limit", &self.memory_limit)
-            .field("max_spill", &self.max_spill)
-            .field("compression", &self.compression)
-            .field("io_threads", &self.io_threads)
-            .field("segment_size", &self.segment_size)
-            .field("compact_below", &self.compact_below)
-            .field("shards", &self.shards)
+            .field("dirs", &c.dirs)
+            .field("memory_target", &c.memory_target)
+            .field("memory_limit", &c.memory_limit)
+            .field("max_spill", &c.max_spill)
+            .field("compression", &c.compression)
+            .field("io_threads", &c.io_threads)
+            .field("segment_size", &c.segment_size)
+            .field("compact_below", &c.compact_below)
+            .field("shards", &c.shards)
             .finish_non_exhaustive()
     }
 }
 
-impl<K, V> Builder<K, V>
-where
-    K: Hash + Eq + Clone + Debug + Send + Sync + 'static,
-    V: Spill,
-{
+impl<K, V> Builder<K, V> {
     pub(crate) fn new(dir: PathBuf) -> Self {
-        Builder {
+        let cfg = Config {
             dirs: vec![dir],
             memory_target: 1 << 30,
             memory_limit: None,
@@ -60,22 +62,25 @@ where
             compact_below: 0.7,
             shards: 16,
             storage: Arc::new(FsStorage),
+        };
+        Builder {
+            cfg,
             _types: PhantomData,
         }
     }
 
-    /// Bytes of values (by [`Spill::weight`]) kept in memory before the least
+    /// Bytes of values (by [`Spill::weight`](crate::Spill::weight)) kept in memory before the least
     /// recently used are spilled. Defaults to: 1 GiB.
     pub fn memory_target(mut self, bytes: usize) -> Self {
-        self.memory_target = bytes;
+        self.cfg.memory_target = bytes;
         self
     }
 
     /// Bytes of resident values (including those being written) above which
-    /// [`SpillBuffer::insert_async`] waits. Must be at least the target.
+    /// [`SpillBuffer::insert_async`](crate::SpillBuffer::insert_async) waits. Must be at least the target.
     /// Defaults to: the memory target, following it when it changes.
     pub fn memory_limit(mut self, bytes: usize) -> Self {
-        self.memory_limit = Some(bytes);
+        self.cfg.memory_limit = Some(bytes);
         self
     }
 
@@ -83,39 +88,39 @@ where
     /// disk; a spill that would pass it is refused and the value stays in
     /// memory. Defaults to: unlimited.
     pub fn max_spill(mut self, bytes: u64) -> Self {
-        self.max_spill = bytes;
+        self.cfg.max_spill = bytes;
         self
     }
 
     /// Per-record compression. Defaults to: [`Compression::Lz4`], which
     /// stores a record raw when compression does not shrink it.
     pub fn compression(mut self, compression: Compression) -> Self {
-        self.compression = compression;
+        self.cfg.compression = compression;
         self
     }
 
     /// Threads in the buffer's own IO pool. Defaults to: 2.
     pub fn io_threads(mut self, n: usize) -> Self {
-        self.io_threads = n;
+        self.cfg.io_threads = n;
         self
     }
 
     /// Spill directories. Records are spread over them round-robin; one that
     /// fails is passed over for a while. Replaces the directory given to
-    /// [`SpillBuffer::builder`]. Defaults to: that one directory.
+    /// [`SpillBuffer::builder`](crate::SpillBuffer::builder). Defaults to: that one directory.
     pub fn dirs<I, P>(mut self, dirs: I) -> Self
     where
         I: IntoIterator<Item = P>,
         P: Into<PathBuf>,
     {
-        self.dirs = dirs.into_iter().map(Into::into).collect();
+        self.cfg.dirs = dirs.into_iter().map(Into::into).collect();
         self
     }
 
     /// Size of the segment files small records are packed into; a record
     /// larger than this gets a file of its own. Defaults to: 64 MiB.
     pub fn segment_size(mut self, bytes: u64) -> Self {
-        self.segment_size = bytes;
+        self.cfg.segment_size = bytes;
         self
     }
 
@@ -126,7 +131,7 @@ where
     /// records that are about to die). Defaults to: 0.7, which keeps file
     /// space within 1/0.7 ≈ 1.43 × live bytes plus the open segments.
     pub fn compact_below(mut self, fraction: f64) -> Self {
-        self.compact_below = fraction;
+        self.cfg.compact_below = fraction;
         self
     }
 
@@ -136,57 +141,52 @@ where
     /// that threads working on different keys do not write the same line.
     /// Defaults to: 16.
     pub fn shards(mut self, n: usize) -> Self {
-        self.shards = n;
+        self.cfg.shards = n;
         self
     }
 
     /// The storage layer segment files are written through. Defaults to:
-    /// [`FsStorage`], the local file system. Tests use
-    /// [`crate::testing::FaultyStorage`].
+    /// [`FsStorage`], the local file system. Tests use the `FaultyStorage`
+    /// of the `testing` feature, which fails on demand.
     pub fn storage(mut self, storage: Arc<dyn Storage>) -> Self {
-        self.storage = storage;
+        self.cfg.storage = storage;
         self
     }
 
-    fn check(&self) -> Result<()> {
+    /// The settings, checked: the first bad one is named in the error.
+    pub(crate) fn check(self) -> Result<Config> {
+        let c = self.cfg;
         let bad = |setting, detail: String| Err(Error::Config { setting, detail });
-        if self.dirs.is_empty() {
+        if c.dirs.is_empty() {
             return bad("dirs", "at least one spill directory is needed".into());
         }
-        if self.io_threads == 0 {
+        if c.io_threads == 0 {
             return bad("io_threads", "must be at least 1".into());
         }
-        if let Some(limit) = self.memory_limit {
-            if limit < self.memory_target {
+        if let Some(limit) = c.memory_limit {
+            if limit < c.memory_target {
                 return bad(
                     "memory_limit",
-                    format!("{limit} is below memory_target {}", self.memory_target),
+                    format!("{limit} is below memory_target {}", c.memory_target),
                 );
             }
         }
-        if self.segment_size < 4096 {
+        if c.segment_size < 4096 {
             return bad(
                 "segment_size",
-                format!("{} is below the minimum of 4096 bytes", self.segment_size),
+                format!("{} is below the minimum of 4096 bytes", c.segment_size),
             );
         }
-        if !(0.0..=1.0).contains(&self.compact_below) {
+        if !(0.0..=1.0).contains(&c.compact_below) {
             return bad(
                 "compact_below",
-                format!("{} is not a fraction in 0..=1", self.compact_below),
+                format!("{} is not a fraction in 0..=1", c.compact_below),
             );
         }
-        if self.shards == 0 || self.shards > 1 << 16 {
-            return bad("shards", format!("{} is not in 1..=65536", self.shards));
+        if c.shards == 0 || c.shards > 1 << 16 {
+            return bad("shards", format!("{} is not in 1..=65536", c.shards));
         }
-        Ok(())
-    }
-
-    /// Check the settings, create the private spill directories and start
-    /// the IO pool.
-    pub fn build(self) -> Result<SpillBuffer<K, V>> {
-        self.check()?;
-        SpillBuffer::from_builder(self)
+        Ok(c)
     }
 }
 

@@ -44,7 +44,6 @@
 #![warn(rust_2018_idioms)]
 
 mod buffer;
-mod codec;
 mod config;
 mod error;
 mod io;
@@ -53,11 +52,12 @@ mod store;
 mod value;
 
 pub use buffer::{Key, Pinned, SpillBuffer};
-pub use codec::Compression;
 pub use config::Builder;
 pub use error::{BoxError, Error, Result, SharedError};
 pub use metrics::Stats;
+pub use store::codec::Compression;
 pub use store::storage::{FsStorage, SegmentFile, Storage};
 pub use value::Spill;
 
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;

@@ -5,6 +5,8 @@
 //! unspill loop that `examples/bench.rs` and `benches/unspill.rs` share.
 #![allow(dead_code)]
 
+pub mod policy;
+
 use criterion::{black_box, Criterion};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

@@ -1,13 +1,32 @@
 //! The public [`SpillBuffer`]: a thin handle over the shared state in
-//! [`inner`], which holds the sharded index ([`core`]) and drives the IO
-//! pool. [`Pinned`] guards live in [`pinned`].
+//! [`inner`], which coordinates the parts:
+//!
+//! - [`entry`]: an entry's states and transitions, and the gauge changes
+//!   each makes;
+//! - [`shard`]: one shard of the index (map, slab, [`lru`] lists), which
+//!   applies transitions under its lock and says what to do after it;
+//! - [`evict`], [`write`], [`read`], [`memory`]: eviction order and
+//!   back-off, the write path, the read path and prefetch, the gauges and
+//!   back-pressure;
+//! - [`pinned`]: the [`Pinned`] guard; [`tick`], [`way`], [`hash`]: LRU
+//!   clocks, per-thread ways, key hashing.
 
-pub(crate) mod core;
+pub(crate) mod entry;
+pub(crate) mod evict;
 pub(crate) mod hash;
 pub(crate) mod inner;
+pub(crate) mod lru;
+pub(crate) mod memory;
 pub(crate) mod pinned;
+pub(crate) mod read;
+pub(crate) mod shard;
+#[cfg(test)]
+mod tests;
 pub(crate) mod tick;
+#[cfg(any(test, feature = "testing"))]
+mod validate;
 pub(crate) mod way;
+pub(crate) mod write;
 
 use crate::config::Builder;
 use crate::error::{Error, Result};
@@ -16,10 +35,11 @@ use crate::metrics::Stats;
 use crate::store::dirs::{sweep_stale, SpillDirs};
 use crate::store::{Store, StoreConfig};
 use crate::value::Spill;
-use inner::{Inner, InnerConfig, Lookup};
+use inner::Inner;
 use parking_lot::Mutex;
 pub use pinned::Pinned;
 use pinned::{PinOwner, Waiter};
+use read::Lookup;
 use std::fmt::{self, Debug};
 use std::hash::Hash;
 use std::path::PathBuf;
@@ -76,35 +96,26 @@ impl<K: Key, V: Spill> Debug for SpillBuffer<K, V> {
     }
 }
 
-impl<K: Key, V: Spill> SpillBuffer<K, V> {
-    /// Start configuring a buffer that spills into a private sub-directory
-    /// of `dir`.
-    pub fn builder(dir: impl Into<PathBuf>) -> Builder<K, V> {
-        Builder::new(dir.into())
-    }
-
-    pub(crate) fn from_builder(b: Builder<K, V>) -> Result<Self> {
-        let dirs = SpillDirs::create(&b.dirs)?;
-        let pool = Pool::new(b.io_threads)
+impl<K: Key, V: Spill> Builder<K, V> {
+    /// Check the settings, create the private spill directories and start
+    /// the IO pool.
+    pub fn build(self) -> Result<SpillBuffer<K, V>> {
+        let cfg = self.check()?;
+        let dirs = SpillDirs::create(&cfg.dirs)?;
+        let pool = Pool::new(cfg.io_threads)
             .map_err(|e| Error::io("start IO threads", dirs.path(0).to_path_buf(), e))?;
         let store = Store::new(
             dirs.paths().to_vec(),
-            b.storage,
+            Arc::clone(&cfg.storage),
             StoreConfig {
-                segment_size: b.segment_size,
-                max_spill: b.max_spill,
-                compact_below: b.compact_below,
+                segment_size: cfg.segment_size,
+                max_spill: cfg.max_spill,
+                compact_below: cfg.compact_below,
+                compression: cfg.compression,
             },
         );
-        let inner = Inner::new(InnerConfig {
-            shards: b.shards,
-            target: b.memory_target,
-            limit: b.memory_limit,
-            compression: b.compression,
-            store,
-            pool,
-        });
-        for parent in b.dirs {
+        let inner = Inner::new(&cfg, store, pool);
+        for parent in cfg.dirs {
             inner.pool.submit(
                 crate::io::Priority::Background,
                 Box::new(move || drop(sweep_stale(&parent))),
@@ -117,6 +128,14 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
                 dirs: Mutex::new(Some(dirs)),
             }),
         })
+    }
+}
+
+impl<K: Key, V: Spill> SpillBuffer<K, V> {
+    /// Start configuring a buffer that spills into a private sub-directory
+    /// of `dir`.
+    pub fn builder(dir: impl Into<PathBuf>) -> Builder<K, V> {
+        Builder::new(dir.into())
     }
 
     fn inner(&self) -> &Inner<K, V> {
@@ -217,8 +236,8 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
         self.inner().remove(key)
     }
 
-    /// Evict at least `bytes` of unpinned values now (least recently used,
-    /// clean ones first), whatever the target. Returns the weight of the
+    /// Evict at least `bytes` of unpinned values now (consumed ones first,
+    /// then in the eviction order of docs/design.md), whatever the target. Returns the weight of the
     /// values dropped or queued for writing.
     pub fn evict(&self, bytes: usize) -> usize {
         self.inner().evict_bytes(bytes)
@@ -252,7 +271,7 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
     /// Is `key` present (in either tier)?
     pub fn contains_key(&self, key: &K) -> bool {
         let inner = self.inner();
-        inner.with_shard(inner.shard_of(key), |core| core.contains(key))
+        inner.with_shard(inner.shard_of(key), |shard| shard.contains(key))
     }
 
     /// The live keys, in no particular order, without reading any value
@@ -262,8 +281,8 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
         let inner = self.inner();
         let mut out = Vec::with_capacity(self.len());
         for s in 0..inner.shards.len() {
-            inner.with_shard(s, |core| {
-                out.extend(core.nodes().map(|(_, n)| n.key.clone()))
+            inner.with_shard(s, |shard| {
+                out.extend(shard.nodes().map(|(_, n)| n.key.clone()))
             });
         }
         out
@@ -303,152 +322,8 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
     /// only when no other thread is using the buffer. Meant for tests and
     /// fuzzing; returns a description of the first violation found.
     #[doc(hidden)]
+    #[cfg(any(test, feature = "testing"))]
     pub fn validate(&self) -> std::result::Result<(), String> {
         self.inner().validate()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn buffer(dir: &std::path::Path) -> SpillBuffer<u64, Vec<f64>> {
-        SpillBuffer::builder(dir)
-            .memory_target(1 << 20)
-            .build()
-            .unwrap()
-    }
-
-    #[test]
-    fn keys_lists_both_tiers_without_reading_back() {
-        let dir = tempfile::tempdir().unwrap();
-        let b = buffer(dir.path());
-        for k in 0..32u64 {
-            b.insert(k, vec![k as f64; 1 << 14]).unwrap();
-        }
-        b.remove(&7);
-        b.flush_blocking().unwrap();
-        assert!(!on_disk(&b).is_empty(), "some keys must be spilled");
-        let reads = b.stats().unspill_count_total;
-        let mut keys = b.keys();
-        keys.sort_unstable();
-        let want: Vec<u64> = (0..32).filter(|&k| k != 7).collect();
-        assert_eq!(keys, want);
-        assert_eq!(b.stats().unspill_count_total, reads, "keys() read a value");
-        b.validate().unwrap();
-    }
-
-    #[test]
-    fn pins_hold_their_shards_owner_not_the_shared_count() {
-        let dir = tempfile::tempdir().unwrap();
-        let b = buffer(dir.path());
-        for k in 0..64 {
-            b.insert(k, vec![k as f64; 4]).unwrap();
-        }
-        let shared = Arc::strong_count(&b.handle.inner);
-        let pins: Vec<_> = (0..64).map(|k| b.try_pin(&k).unwrap()).collect();
-        let copies: Vec<_> = pins.iter().map(Pinned::clone).collect();
-        // No pin touched the count every thread would share...
-        assert_eq!(Arc::strong_count(&b.handle.inner), shared);
-        // ...each took one on its own shard's owner.
-        let held: usize = b
-            .handle
-            .owners
-            .iter()
-            .map(|o| Arc::strong_count(o) - 1)
-            .sum();
-        assert_eq!(held, pins.len() + copies.len());
-        drop((pins, copies));
-        assert!(b.handle.owners.iter().all(|o| Arc::strong_count(o) == 1));
-        b.validate().unwrap();
-    }
-
-    #[test]
-    fn a_guard_outlives_the_buffer_and_then_frees_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let b = buffer(dir.path());
-        b.insert(1, vec![1.0; 4]).unwrap();
-        b.insert(2, vec![2.0; 4]).unwrap();
-        let weak = Arc::downgrade(&b.handle.inner);
-        let p = b.try_pin(&1).unwrap();
-        let q = b.try_pin(&2).unwrap();
-        drop(b);
-        // The guards still read their values and work as guards, and they
-        // keep the state alive (a guard drop updates it)...
-        assert_eq!(*p, vec![1.0; 4]);
-        let p2 = p.clone();
-        drop(p);
-        q.consume();
-        assert!(weak.upgrade().is_some(), "freed under a live guard");
-        assert_eq!(*p2, vec![1.0; 4]);
-        // ...until the last one goes: no cycle keeps it.
-        drop(p2);
-        assert!(
-            weak.upgrade().is_none(),
-            "state leaked after the last guard"
-        );
-    }
-
-    /// Keys not in memory, found without touching the LRU order.
-    fn on_disk(b: &SpillBuffer<u64, Vec<f64>>) -> Vec<u64> {
-        let inner = b.inner();
-        let mut out = Vec::new();
-        for s in 0..inner.shards.len() {
-            inner.with_shard(s, |core| {
-                out.extend(
-                    core.nodes()
-                        .filter(|(_, n)| n.state.value().is_none())
-                        .map(|(_, n)| n.key),
-                );
-            });
-        }
-        out.sort_unstable();
-        out
-    }
-
-    /// Keys 0.. that fall in distinct shards, so that the order below is
-    /// across shards (no shard's own clock can carry it).
-    fn keys_in_distinct_shards(b: &SpillBuffer<u64, Vec<f64>>, n: usize) -> Vec<u64> {
-        let mut seen = std::collections::HashSet::new();
-        (0u64..)
-            .filter(|k| seen.insert(b.inner().shard_of(k)))
-            .take(n)
-            .collect()
-    }
-
-    #[test]
-    fn eviction_follows_one_threads_use_order_across_shards_and_the_pool() {
-        let dir = tempfile::tempdir().unwrap();
-        let b = buffer(dir.path());
-        let k = keys_in_distinct_shards(&b, 6);
-        for &key in &k {
-            b.insert(key, vec![key as f64; 4]).unwrap();
-        }
-        // All on disk, then back as clean entries, in a known order: k[2]
-        // and k[4] read here, k[0] prefetched on the pool in between (its
-        // tick must follow k[2]'s and precede k[4]'s), k[1] and k[3] last.
-        b.evict(usize::MAX);
-        b.flush_blocking().unwrap();
-        assert_eq!(on_disk(&b).len(), 6);
-        drop(b.get(&k[5]).unwrap());
-        drop(b.get(&k[2]).unwrap());
-        b.prefetch([k[0]]);
-        b.flush_blocking().unwrap();
-        for &i in &[4, 1, 3] {
-            drop(b.get(&k[i]).unwrap());
-        }
-        // Touch k[5] again: it becomes the most recent.
-        drop(b.try_pin(&k[5]).unwrap());
-        b.validate().unwrap();
-        let mut gone = Vec::new();
-        for _ in 0..6 {
-            let before = on_disk(&b);
-            assert_eq!(b.evict(1), 32, "one clean value at a time");
-            let after = on_disk(&b);
-            let new: Vec<_> = after.iter().filter(|x| !before.contains(x)).collect();
-            assert_eq!(new.len(), 1);
-            gone.push(*new[0]);
-        }
-        assert_eq!(gone, vec![k[2], k[0], k[4], k[1], k[3], k[5]]);
     }
 }

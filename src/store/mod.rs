@@ -8,17 +8,31 @@
 //! rewrites its live records elsewhere so that file space stays within a
 //! bounded factor of live data.
 //!
+//! The store owns the bytes end to end: values are encoded, compressed
+//! ([`codec`]) and sealed into records by [`put`], read back, checked and
+//! decoded by [`get`], through per-thread [`scratch`] buffers; space is
+//! reclaimed by [`compact`]. The buffer hands it values and locations and
+//! never looks inside a record.
+//!
 //! The store's mutex guards only metadata; file creation, reads and writes
 //! happen outside it.
 
+pub(crate) mod codec;
+pub(crate) mod compact;
 pub(crate) mod dirs;
+#[cfg(any(test, feature = "testing"))]
 pub mod faulty;
+pub(crate) mod get;
+pub(crate) mod put;
 pub(crate) mod record;
+pub(crate) mod scratch;
 pub mod storage;
 
 use crate::error::{Error, Result};
+use codec::Compression;
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::fmt::Debug;
 use std::num::NonZeroU64;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -37,13 +51,6 @@ pub(crate) struct DiskLoc {
 }
 
 impl DiskLoc {
-    /// A placeholder pointing nowhere, used while a state is swapped out.
-    pub(crate) const NONE: DiskLoc = DiskLoc {
-        seg: u32::MAX,
-        offset: 0,
-        len: NonZeroU64::MIN,
-    };
-
     pub(crate) fn new(seg: u32, offset: u64, len: u64) -> DiskLoc {
         DiskLoc {
             seg,
@@ -64,15 +71,6 @@ impl DiskLoc {
 pub(crate) struct DeadSegment {
     path: PathBuf,
     _file: Arc<dyn SegmentFile>,
-}
-
-/// What releasing a record asks of the caller.
-pub(crate) enum AfterRelease {
-    Nothing,
-    /// The segment is empty: delete it on the IO pool.
-    Delete(DeadSegment),
-    /// The segment is sparse: compact it on the IO pool.
-    Compact(u32),
 }
 
 /// How long a directory that failed a write is passed over.
@@ -124,6 +122,7 @@ pub(crate) struct StoreConfig {
     pub max_spill: u64,
     /// Compact a sealed segment when live / allocated falls below this.
     pub compact_below: f64,
+    pub compression: Compression,
 }
 
 pub(crate) struct Store<K> {
@@ -139,7 +138,7 @@ pub(crate) struct Store<K> {
     file_bytes: AtomicU64,
 }
 
-impl<K: Clone> Store<K> {
+impl<K: Clone + Debug> Store<K> {
     pub(crate) fn new(dirs: Vec<PathBuf>, storage: Arc<dyn Storage>, cfg: StoreConfig) -> Self {
         let n = dirs.len();
         Store {
@@ -164,6 +163,10 @@ impl<K: Clone> Store<K> {
 
     pub(crate) fn segment_size(&self) -> u64 {
         self.cfg.segment_size
+    }
+
+    pub(crate) fn compression(&self) -> Compression {
+        self.cfg.compression
     }
 
     pub(crate) fn disk_bytes(&self) -> u64 {
@@ -366,16 +369,10 @@ impl<K: Clone> Store<K> {
                         s.sealed = true;
                         if s.is_dead() {
                             dead = g.segs.remove(&old);
-                        } else if self.is_sparse(s) {
+                        } else {
                             // Records died while it was open: no release
                             // will come to ask for its compaction.
-                            if self.over_bound() {
-                                s.compacting = true;
-                                g.to_compact.push(old);
-                            } else if !s.deferred {
-                                s.deferred = true;
-                                g.deferred.push(old);
-                            }
+                            self.consider(&mut g, old);
                         }
                     }
                 }
@@ -423,16 +420,14 @@ impl<K: Clone> Store<K> {
         }
     }
 
-    /// The record at `loc` is dead (removed, replaced or moved). O(1); may
-    /// hand back work for the IO pool.
-    pub(crate) fn release(&self, loc: DiskLoc) -> AfterRelease {
+    /// The record at `loc` is dead (removed, replaced or moved). O(1).
+    /// Returns the segment if it died with it: delete it on the IO pool. A
+    /// segment left sparse is queued for compaction
+    /// ([`Store::take_compaction_requests`]).
+    pub(crate) fn release(&self, loc: DiskLoc) -> Option<DeadSegment> {
         let mut g = self.inner.lock();
-        let Some(seg) = g.segs.get_mut(&loc.seg) else {
-            return AfterRelease::Nothing;
-        };
-        if seg.records.remove(&loc.offset).is_none() {
-            return AfterRelease::Nothing;
-        }
+        let seg = g.segs.get_mut(&loc.seg)?;
+        seg.records.remove(&loc.offset)?;
         seg.live -= loc.len();
         self.disk_bytes.fetch_sub(loc.len(), Relaxed);
         self.disk_count.fetch_sub(1, Relaxed);
@@ -440,88 +435,10 @@ impl<K: Clone> Store<K> {
         if seg.is_dead() {
             let seg = g.segs.remove(&loc.seg).expect("segment present");
             drop(g);
-            return AfterRelease::Delete(self.forget(seg));
+            return Some(self.forget(seg));
         }
-        let sparse = !seg.compacting && self.is_sparse(seg);
-        // Compaction copies records that may be about to die anyway (a
-        // host draining its keys in order leaves one partly drained
-        // segment at a time, and copying its rest is pure write
-        // amplification). So a sparse segment is compacted only while the
-        // store as a whole passes the bound the builder promises: file
-        // space within live / compact_below plus the open segments. One
-        // found sparse before that is remembered and taken up then.
-        let over_bound = self.over_bound();
-        if sparse && over_bound {
-            seg.compacting = true;
-            return AfterRelease::Compact(loc.seg);
-        }
-        if sparse && !seg.deferred {
-            seg.deferred = true;
-            let Segments { deferred, segs, .. } = &mut *g;
-            deferred.push(loc.seg);
-            // Ids of segments that died while deferred are dropped now and
-            // then, so the list stays within twice the live segments.
-            if deferred.len() > 2 * segs.len() + 16 {
-                deferred.retain(|id| segs.contains_key(id));
-            }
-        }
-        if over_bound {
-            // Each deferred id is popped once: O(1) amortised.
-            while let Some(id) = g.deferred.pop() {
-                let Some(s) = g.segs.get_mut(&id) else {
-                    continue;
-                };
-                s.deferred = false;
-                if !s.compacting && (s.live as f64) < self.cfg.compact_below * s.end as f64 {
-                    s.compacting = true;
-                    return AfterRelease::Compact(id);
-                }
-            }
-        }
-        AfterRelease::Nothing
-    }
-
-    /// Does file space pass the bound the builder promises: live bytes /
-    /// `compact_below`, plus one open segment per directory?
-    fn over_bound(&self) -> bool {
-        (self.file_bytes() as f64)
-            > self.disk_bytes() as f64 / self.cfg.compact_below.max(f64::MIN_POSITIVE)
-                + (self.dirs.len() as u64 * self.cfg.segment_size) as f64
-    }
-
-    fn is_sparse(&self, seg: &Segment<K>) -> bool {
-        seg.sealed && (seg.live as f64) < self.cfg.compact_below * seg.end as f64
-    }
-
-    /// Segments sealed while already sparse, to be compacted.
-    pub(crate) fn take_compaction_requests(&self) -> Vec<u32> {
-        let mut g = self.inner.lock();
-        if g.to_compact.is_empty() {
-            return Vec::new();
-        }
-        std::mem::take(&mut g.to_compact)
-    }
-
-    /// The live records of a segment being compacted: (location, key).
-    pub(crate) fn live_records(&self, seg: u32) -> Vec<(DiskLoc, K)> {
-        let g = self.inner.lock();
-        let Some(s) = g.segs.get(&seg) else {
-            return Vec::new();
-        };
-        let mut v: Vec<_> = s
-            .records
-            .iter()
-            .map(|(&offset, (len, key))| (DiskLoc::new(seg, offset, *len), key.clone()))
-            .collect();
-        v.sort_by_key(|(loc, _)| loc.offset);
-        v
-    }
-
-    /// Compaction of `seg` ended; it may be picked again later.
-    pub(crate) fn compaction_done(&self, seg: u32) {
-        if let Some(s) = self.inner.lock().segs.get_mut(&seg) {
-            s.compacting = false;
-        }
+        self.consider(&mut g, loc.seg);
+        None
     }
 
     fn forget(&self, seg: Segment<K>) -> DeadSegment {
@@ -540,6 +457,7 @@ impl<K: Clone> Store<K> {
         }
     }
 
+    #[cfg(any(test, feature = "testing"))]
     /// The key of the live record at `loc` (same segment, offset and
     /// length), if there is one. For `validate`.
     pub(crate) fn record_key(&self, loc: DiskLoc) -> Option<K> {
@@ -549,6 +467,7 @@ impl<K: Clone> Store<K> {
     }
 
     /// Check the segment table against the counters.
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn validate(&self) -> std::result::Result<(), String> {
         let g = self.inner.lock();
         let (mut live, mut count, mut end) = (0u64, 0u64, 0u64);
@@ -609,116 +528,4 @@ fn pick_dir<K>(g: &mut Segments<K>) -> usize {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::codec::Codec;
-
-    fn store(dir: &std::path::Path, segment_size: u64, max_spill: u64) -> Store<u32> {
-        Store::new(
-            vec![dir.to_path_buf()],
-            Arc::new(storage::FsStorage),
-            StoreConfig {
-                segment_size,
-                max_spill,
-                compact_below: 0.5,
-            },
-        )
-    }
-
-    fn rec(payload: &[u8]) -> Vec<u8> {
-        let mut b = vec![0u8; record::HEADER];
-        b.extend_from_slice(payload);
-        record::seal(&mut b, Codec::Raw, payload.len() as u64);
-        b
-    }
-
-    #[test]
-    fn small_records_share_a_segment_and_read_back() {
-        let tmp = tempfile::tempdir().unwrap();
-        let s = store(tmp.path(), 1 << 20, u64::MAX);
-        let a = s.write(&1, &rec(b"alpha")).unwrap();
-        let b = s.write(&2, &rec(b"beta")).unwrap();
-        assert_eq!(a.seg, b.seg);
-        let mut buf = Vec::new();
-        s.read(b, &mut buf).unwrap();
-        assert_eq!(record::open(&buf).unwrap().payload, b"beta");
-        assert_eq!(s.disk_count(), 2);
-        assert_eq!(s.disk_bytes(), a.len() + b.len());
-        s.validate().unwrap();
-    }
-
-    #[test]
-    fn large_record_gets_its_own_file_and_is_deleted_when_dead() {
-        let tmp = tempfile::tempdir().unwrap();
-        let s = store(tmp.path(), 100, u64::MAX);
-        let big = s.write(&1, &rec(&[7u8; 500])).unwrap();
-        let path = s.path_of(big);
-        assert!(path.exists());
-        match s.release(big) {
-            AfterRelease::Delete(d) => s.delete(d),
-            _ => panic!("a dead own-file segment must be deleted"),
-        }
-        assert!(!path.exists());
-        assert_eq!(s.file_bytes(), 0);
-        s.validate().unwrap();
-    }
-
-    #[test]
-    fn sealed_segment_is_released_when_its_last_record_dies() {
-        let tmp = tempfile::tempdir().unwrap();
-        let s = store(tmp.path(), 100, u64::MAX);
-        let a = s.write(&1, &rec(&[1u8; 40])).unwrap(); // 72 bytes
-        let b = s.write(&2, &rec(&[2u8; 40])).unwrap(); // does not fit: new segment
-        assert_ne!(a.seg, b.seg);
-        let first = s.path_of(a);
-        assert!(matches!(s.release(a), AfterRelease::Delete(_)));
-        // The open segment is kept even when empty.
-        assert!(matches!(s.release(b), AfterRelease::Nothing));
-        assert_eq!(s.disk_bytes(), 0);
-        let _ = first;
-        s.validate().unwrap();
-    }
-
-    #[test]
-    fn disk_budget_refuses_and_does_not_count() {
-        let tmp = tempfile::tempdir().unwrap();
-        let s = store(tmp.path(), 1 << 20, 100);
-        s.write(&1, &rec(&[0u8; 40])).unwrap();
-        let err = s.write(&2, &rec(&[0u8; 40])).unwrap_err();
-        assert!(
-            matches!(err, Error::DiskBudget { budget: 100, .. }),
-            "{err}"
-        );
-        assert_eq!(s.disk_count(), 1);
-        s.validate().unwrap();
-    }
-
-    #[test]
-    fn sparse_segment_is_compacted_only_once_the_store_passes_its_bound() {
-        let tmp = tempfile::tempdir().unwrap();
-        let s = store(tmp.path(), 200, u64::MAX);
-        // 52-byte records, three to a segment: 0..3, 3..6, 6..9 sealed,
-        // 9..12 in the open segment. File space 624 bytes.
-        let locs: Vec<_> = (0..12)
-            .map(|i| s.write(&i, &rec(&[i as u8; 20])).unwrap())
-            .collect();
-        assert_eq!(locs[0].seg, locs[2].seg);
-        // Sparse sealed segments, but the store is within live / 0.5 plus
-        // one open segment: nothing is copied (a drain in order).
-        for i in [0, 1, 3, 4, 6, 7] {
-            assert!(matches!(s.release(locs[i]), AfterRelease::Nothing), "{i}");
-        }
-        assert!(matches!(s.release(locs[9]), AfterRelease::Nothing));
-        // Live 208: bound 416 + 200 < 624. A release anywhere now takes up a
-        // deferred sparse segment.
-        match s.release(locs[10]) {
-            AfterRelease::Compact(seg) => {
-                assert_eq!(seg, locs[6].seg);
-                let live = s.live_records(seg);
-                assert_eq!(live, vec![(locs[8], 8)]);
-            }
-            _ => panic!("expected a compaction request"),
-        }
-        s.validate().unwrap();
-    }
-}
+mod tests;

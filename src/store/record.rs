@@ -12,7 +12,7 @@
 //!     28    4 crc32 of header bytes 0..28 (u32 LE)
 //! ```
 
-use crate::codec::Codec;
+use super::codec::Codec;
 
 /// Bytes in a record header.
 pub(crate) const HEADER: usize = 32;

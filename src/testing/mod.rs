@@ -1,29 +1,23 @@
-//! Test doubles for hosts and for this crate's own fault tests: a storage
-//! layer that fails on demand.
+//! Test doubles for hosts and for this crate's own tests and fuzz targets:
+//! a storage layer that fails on demand, the op runner of the model tests,
+//! and record helpers. Built only with the `testing` feature (this crate's
+//! tests, benches and fuzz targets turn it on), so a user's build carries
+//! none of it.
 
 pub use crate::store::faulty::{Faults, FaultyStorage, WriteFault};
 
 #[doc(hidden)]
 pub mod ops;
 
-/// Decode a record the way a read does: check the header and both
-/// checksums, then decompress. Returns the encoded value bytes, or what is
-/// wrong with the record. Never panics, whatever the bytes: the `record`
-/// fuzz target holds it to that.
+/// Decode a record exactly as a read of a small record does (the same
+/// function): check the header and both checksums, then decompress.
+/// Returns the encoded value bytes, or what is wrong with the record.
+/// Never panics, whatever the bytes: the `record` fuzz target holds it to
+/// that.
 #[doc(hidden)]
 pub fn decode_record(bytes: &[u8]) -> Result<Vec<u8>, String> {
-    use crate::codec::{self, Codec};
-    let rec = crate::store::record::open(bytes)?;
-    match rec.codec {
-        Codec::Raw => Ok(rec.payload.to_vec()),
-        Codec::Lz4 => {
-            let raw_len = usize::try_from(rec.raw_len)
-                .map_err(|_| "record too large for this machine".to_string())?;
-            let mut out = Vec::new();
-            codec::decompress_into(rec.payload, raw_len, &mut out)?;
-            Ok(out)
-        }
-    }
+    let mut out = Vec::new();
+    crate::store::get::payload(bytes, &mut out).map(<[u8]>::to_vec)
 }
 
 /// Seal `payload` into a record with valid checksums whatever its content:
@@ -32,7 +26,7 @@ pub fn decode_record(bytes: &[u8]) -> Result<Vec<u8>, String> {
 /// decompressor past the checksums.
 #[doc(hidden)]
 pub fn seal_record(payload: &[u8], lz4: bool, raw_len: u64) -> Vec<u8> {
-    use crate::codec::Codec;
+    use crate::store::codec::Codec;
     use crate::store::record;
     let mut buf = vec![0u8; record::HEADER];
     buf.extend_from_slice(payload);
@@ -45,7 +39,7 @@ pub fn seal_record(payload: &[u8], lz4: bool, raw_len: u64) -> Vec<u8> {
 /// otherwise.
 #[doc(hidden)]
 pub fn encode_record(raw: &[u8], lz4: bool) -> Vec<u8> {
-    use crate::codec;
+    use crate::store::codec;
     use crate::store::record;
     let mut out = Vec::new();
     match lz4

@@ -1,0 +1,172 @@
+//! Memory: the gauges of what the buffer holds, how far it is over its
+//! target, and the back-pressure of `insert_async` (a FIFO of waiters
+//! released when memory is within `memory_limit`, or cannot fall).
+//!
+//! The gauges change only by [`Gauges::apply`], with a [`Delta`] that
+//! entry transitions computed, under the lock of the shard that made
+//! them; so they are exact whenever no shard lock is held.
+
+use super::entry::Delta;
+use super::inner::Inner;
+use super::Key;
+use crate::value::Spill;
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::sync::atomic::{fence, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+
+/// Gauges of what is in memory, kept exact under the shard locks.
+#[derive(Default)]
+pub(crate) struct Gauges {
+    /// Weight of values in memory (resident, spilling, pinned).
+    pub resident: AtomicUsize,
+    pub resident_count: AtomicUsize,
+    /// Weight of values with a write queued or running.
+    pub spilling: AtomicUsize,
+    /// Weight of values both pinned and spilling: counted in the shards'
+    /// pinned weight and in `spilling`, so `over_target` adds it back rather
+    /// than count it twice.
+    pub pinned_spilling: AtomicUsize,
+    /// Weight of prefetch reads in flight (memory promised to them).
+    pub reserved: AtomicUsize,
+    /// Live keys.
+    pub len: AtomicUsize,
+    /// Serialises prefetch admission (reading `resident` and taking a
+    /// reservation) against a prefetched value moving from reserved to
+    /// resident. Taken only inside a shard lock.
+    admission: Mutex<()>,
+}
+
+fn shift(a: &AtomicUsize, d: isize) {
+    if d > 0 {
+        a.fetch_add(d as usize, Relaxed);
+    } else if d < 0 {
+        a.fetch_sub(d.unsigned_abs(), Relaxed);
+    }
+}
+
+impl Gauges {
+    /// Apply the changes a shard made; `pinned` is that shard's own pinned
+    /// weight. The caller holds the shard's lock.
+    #[inline]
+    pub(crate) fn apply(&self, d: Delta, pinned: &AtomicUsize) {
+        if d == Delta::ZERO {
+            return;
+        }
+        if d.pinned != 0 {
+            // Written only under the shard lock: a load and a store.
+            let p = pinned.load(Relaxed) as isize + d.pinned;
+            pinned.store(p as usize, Relaxed);
+        }
+        // A prefetched value moves from reserved to resident in one step
+        // as `admit` sees it: resident first, under the admission lock, or
+        // a concurrent prefetch could find the room it held free for a
+        // moment and take it too.
+        let _admission = (d.reserved != 0).then(|| self.admission.lock());
+        shift(&self.resident, d.resident);
+        shift(&self.resident_count, d.count);
+        shift(&self.spilling, d.spilling);
+        shift(&self.pinned_spilling, d.pinned_spilling);
+        shift(&self.reserved, d.reserved);
+        shift(&self.len, d.len);
+    }
+
+    /// Reserve `w` bytes for a prefetch if unpinned resident bytes plus
+    /// reservations stay within `target`.
+    pub(crate) fn admit(&self, w: usize, pinned: usize, target: usize) -> bool {
+        let _admission = self.admission.lock();
+        let unpinned = self.resident.load(Relaxed).saturating_sub(pinned);
+        self.reserved
+            .fetch_update(Relaxed, Relaxed, |r| {
+                (unpinned + r + w <= target).then_some(r + w)
+            })
+            .is_ok()
+    }
+}
+
+/// `insert_async` callers waiting for memory, oldest first.
+#[derive(Default)]
+pub(crate) struct MemoryWaiters {
+    queue: Mutex<VecDeque<tokio::sync::oneshot::Sender<()>>>,
+    waiting: AtomicUsize,
+}
+
+impl<K: Key, V: Spill> Inner<K, V> {
+    /// Bytes above the target held by unpinned values that no write is
+    /// already taking away. Pinned values are the host's working set: they
+    /// count against `memory_limit`, not against the eviction target.
+    pub(crate) fn over_target(&self) -> usize {
+        let r = self.g.resident.load(Relaxed);
+        let unheld = r.saturating_sub(self.g.spilling.load(Relaxed));
+        let target = self.target();
+        // Under the target even before pins are counted: the common case
+        // after an unpin, answered without reading every shard.
+        if unheld <= target {
+            return 0;
+        }
+        // A value both pinned and being written is already out of `unheld`.
+        let pinned_only = self
+            .pinned()
+            .saturating_sub(self.g.pinned_spilling.load(Relaxed));
+        unheld.saturating_sub(pinned_only).saturating_sub(target)
+    }
+
+    /// Weight of values with at least one pin, over all shards.
+    pub(crate) fn pinned(&self) -> usize {
+        self.shards.iter().map(|s| s.pinned.load(Relaxed)).sum()
+    }
+
+    fn under_limit(&self) -> bool {
+        self.g.resident.load(Relaxed) <= self.limit.load(Relaxed)
+    }
+
+    /// Resolves once memory is within the limit. Waiters are served in
+    /// arrival order; a newcomer does not overtake a queue.
+    pub(crate) async fn wait_for_memory(&self) {
+        let rx = {
+            let mut q = self.mem_waiters.queue.lock();
+            if q.is_empty() && (self.under_limit() || self.stalled()) {
+                return;
+            }
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            q.push_back(tx);
+            self.mem_waiters.waiting.store(q.len(), SeqCst);
+            rx
+        };
+        // Pairs with the fence in `wake_mem_waiters`: either a thread
+        // that just freed memory sees this waiter, or the check below sees
+        // the freed memory. (The gauges are relaxed atomics.)
+        fence(SeqCst);
+        // Memory may have dropped before the waiter was queued.
+        self.wake_mem_waiters();
+        let _ = rx.await;
+    }
+
+    /// No write is in flight, so memory will not fall without the host
+    /// acting (unpinning, removing): eviction has already queued every
+    /// write it could, and the rest is pinned or failed to spill. Waiting
+    /// would never end, so back-pressure is released instead.
+    fn stalled(&self) -> bool {
+        self.g.spilling.load(Relaxed) == 0
+    }
+
+    /// Resolve the waiting `insert_async` calls, all of them in arrival
+    /// order, if memory is within the limit or cannot fall.
+    pub(crate) fn wake_mem_waiters(&self) {
+        // Pairs with the fence in `wait_for_memory`.
+        fence(SeqCst);
+        if self.mem_waiters.waiting.load(SeqCst) == 0 {
+            return;
+        }
+        let ready = {
+            let mut q = self.mem_waiters.queue.lock();
+            if q.is_empty() || !(self.under_limit() || self.stalled()) {
+                return;
+            }
+            self.mem_waiters.waiting.store(0, SeqCst);
+            std::mem::take(&mut *q)
+        };
+        for tx in ready {
+            let _ = tx.send(());
+        }
+    }
+}

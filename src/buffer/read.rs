@@ -1,0 +1,123 @@
+//! The read path: a lookup pins a value in memory, or starts (or joins)
+//! the one read of a value on disk; the read runs on the pool, or on the
+//! caller's thread for a blocking `get`, and its outcome is handed to
+//! every waiter. Prefetch reads a value back ahead of use when it fits
+//! within the target next to what is resident.
+
+use super::inner::Inner;
+use super::pinned::{PinOwner, Pinned, Waiter};
+use super::shard::{After, Found, Wake};
+use super::Key;
+use crate::error::Result;
+use crate::io::Priority;
+use crate::metrics::Metrics;
+use crate::store::DiskLoc;
+use crate::value::Spill;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What a lookup for a read found.
+pub(crate) enum Lookup<V> {
+    Missing,
+    Hit(Pinned<V>),
+    /// Not in memory and no waiter was given.
+    NotResident,
+    /// A read is in flight; the waiter was queued on it.
+    Joined,
+    /// The caller must run (or queue) the read at `loc`.
+    Read {
+        version: u64,
+        loc: DiskLoc,
+    },
+}
+
+impl<K: Key, V: Spill> Inner<K, V> {
+    /// Find `key` for a read. With a waiter, a value on disk gets a read
+    /// started or joined; without one, only a memory hit pins.
+    pub(crate) fn lookup(
+        &self,
+        key: &K,
+        waiter: Option<Waiter<V>>,
+        owners: &[Arc<dyn PinOwner<V>>],
+    ) -> Lookup<V> {
+        let hash = self.hasher.of(key);
+        let s = self.shard_of_hash(hash);
+        match self.with_shard(s, |shard| shard.lookup(hash, key, waiter)) {
+            Found::Hit {
+                slot,
+                version,
+                value,
+            } => Lookup::Hit(self.pin_handle(s, slot, version, value, Some(owners))),
+            Found::Missing => Lookup::Missing,
+            Found::NotResident => Lookup::NotResident,
+            Found::Joined => Lookup::Joined,
+            Found::Read { version, loc } => Lookup::Read { version, loc },
+        }
+    }
+
+    /// Read `key`'s record back and hand the value to its waiters. Runs on
+    /// the pool, or on the caller's thread for a blocking `get`.
+    pub(crate) fn unspill(&self, key: K, version: u64, loc: DiskLoc) {
+        let start = Instant::now();
+        let res = self.store.get::<V>(&key, loc).map(Arc::new);
+        Metrics::add_time(&self.metrics.unspill_nanos, start.elapsed());
+        if res.is_ok() {
+            Metrics::add(&self.metrics.unspill_count, 1);
+            Metrics::add(&self.metrics.unspilled_bytes, loc.len());
+        }
+        self.unspill_done(key, version, res);
+    }
+
+    fn unspill_done(&self, key: K, version: u64, res: Result<Arc<V>>) {
+        let s = self.shard_of(&key);
+        let target = self.target();
+        let value = res.as_ref().ok().map(Arc::clone);
+        let wake = self.with_shard(s, |shard| {
+            shard.read_done(&key, version, value, target, || self.next_tick_synced(s))
+        });
+        match res {
+            Ok(_) => {
+                self.act(
+                    s,
+                    After {
+                        wake,
+                        ..After::default()
+                    },
+                );
+                self.evict_to_target();
+            }
+            Err(e) => {
+                tracing::warn!(key = ?key, error = %e, "reading a spilled value failed");
+                if let Some(Wake::Failed(waiters)) = wake {
+                    for w in waiters {
+                        w.send(Err(e.clone()));
+                    }
+                }
+                self.wake_mem_waiters();
+            }
+        }
+    }
+
+    /// Read `key` back ahead of use if it is on disk and fits within the
+    /// target next to what is already resident. Runs on the pool.
+    pub(crate) fn prefetch_one(&self, key: K) {
+        let s = self.shard_of(&key);
+        let target = self.target();
+        let start = self.with_shard(s, |shard| {
+            // Promise the memory first, so concurrent prefetches cannot
+            // together pass the target.
+            shard.start_prefetch(&key, |w| self.g.admit(w, self.pinned(), target))
+        });
+        if let Some((version, loc)) = start {
+            self.unspill(key, version, loc);
+        }
+    }
+
+    pub(crate) fn start_read(&self, key: K, version: u64, loc: DiskLoc) {
+        self.submit(Priority::Demand, move |me| me.unspill(key, version, loc));
+    }
+
+    pub(crate) fn queue_prefetch(&self, key: K) {
+        self.submit(Priority::Background, move |me| me.prefetch_one(key));
+    }
+}

@@ -1,0 +1,548 @@
+//! The single-threaded core of one index shard: key → slot map, a slab of
+//! entries ([`entry`](super::entry)) and their LRU lists
+//! ([`lru`](super::lru)). It does no IO and takes no lock; the buffer puts
+//! each shard behind its mutex.
+//!
+//! Every operation applies entry transitions, adds up the gauge changes
+//! they make (taken by [`Shard::take_delta`] and applied before the lock
+//! is released), and returns in an [`After`] what must happen once the
+//! lock is released: values to drop, a write to queue, a record to
+//! release, waiters to answer. The buffer acts on it (`Inner::act`).
+
+use crate::buffer::entry::{Delta, Evicted, ListKind, Node, State, Unpinned};
+use crate::buffer::hash::KeyHash;
+use crate::buffer::lru::{Lists, Slab};
+use crate::buffer::pinned::Waiter;
+use crate::buffer::way;
+use crate::buffer::write::SpillJob;
+use crate::store::compact::Relocated;
+use crate::store::DiskLoc;
+use hashbrown::HashTable;
+use std::hash::Hash;
+use std::sync::Arc;
+
+/// Readers to answer after unlocking.
+pub(crate) enum Wake<V> {
+    /// The key is gone: they get `None`.
+    Gone(Vec<Waiter<V>>),
+    /// The value is in memory and already pinned once per waiter.
+    Pinned {
+        waiters: Vec<Waiter<V>>,
+        slot: u32,
+        version: u64,
+        value: Arc<V>,
+    },
+    /// The read failed: they get the error.
+    Failed(Vec<Waiter<V>>),
+}
+
+/// What an operation leaves to do after the shard lock is released.
+pub(crate) struct After<K, V> {
+    /// A value that left the entry (evicted, replaced, removed, written).
+    pub drop: Option<Arc<V>>,
+    /// A clean value was dropped without IO (counts a clean eviction).
+    pub clean_eviction: bool,
+    /// A record no entry owns any more.
+    pub release: Option<DiskLoc>,
+    /// A value to write.
+    pub write: Option<SpillJob<K, V>>,
+    pub wake: Option<Wake<V>>,
+}
+
+impl<K, V> Default for After<K, V> {
+    fn default() -> Self {
+        After {
+            drop: None,
+            clean_eviction: false,
+            release: None,
+            write: None,
+            wake: None,
+        }
+    }
+}
+
+/// What a lookup for a read found.
+pub(crate) enum Found<V> {
+    Missing,
+    /// In memory: pinned for the caller.
+    Hit {
+        slot: u32,
+        version: u64,
+        value: Arc<V>,
+    },
+    /// Not in memory and no waiter was given.
+    NotResident,
+    /// A read is in flight; the waiter was queued on it.
+    Joined,
+    /// The caller must run (or queue) the read at `loc`.
+    Read {
+        version: u64,
+        loc: DiskLoc,
+    },
+}
+
+pub(crate) struct Shard<K, V> {
+    /// Slots of the live nodes, found by key hash. The key itself lives in
+    /// the node only: 4 bytes a bucket rather than a copy of the key.
+    map: HashTable<u32>,
+    hash: KeyHash,
+    slab: Slab<K, V>,
+    free: Vec<u32>,
+    lists: Lists,
+    /// Gauge changes made since the last [`Shard::take_delta`].
+    delta: Delta,
+}
+
+impl<K: Hash + Eq + Clone, V> Shard<K, V> {
+    /// A shard whose table hashes keys with `hash` (the buffer's, so that a
+    /// key is hashed once for its shard and its slot).
+    pub(crate) fn with_hash(hash: KeyHash) -> Self {
+        Shard {
+            map: HashTable::new(),
+            hash,
+            slab: Vec::new(),
+            free: Vec::new(),
+            lists: Lists::new(),
+            delta: Delta::ZERO,
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn new() -> Self {
+        Self::with_hash(KeyHash::new())
+    }
+
+    // ----- the index ----------------------------------------------------
+
+    pub(crate) fn find(&self, key: &K) -> Option<u32> {
+        self.find_hashed(self.hash.of(key), key)
+    }
+
+    /// [`Shard::find`] for a key whose hash the caller already has.
+    pub(crate) fn find_hashed(&self, hash: u64, key: &K) -> Option<u32> {
+        let slab = &self.slab;
+        self.map
+            .find(hash, |&i| {
+                slab[i as usize].as_ref().is_some_and(|n| n.key == *key)
+            })
+            .copied()
+    }
+
+    pub(crate) fn contains(&self, key: &K) -> bool {
+        self.find(key).is_some()
+    }
+
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub(crate) fn node(&self, idx: u32) -> &Node<K, V> {
+        self.slab[idx as usize].as_ref().expect("live slot")
+    }
+
+    fn node_mut(&mut self, idx: u32) -> &mut Node<K, V> {
+        self.slab[idx as usize].as_mut().expect("live slot")
+    }
+
+    /// The slot of `key` if it holds `version`.
+    pub(crate) fn find_version(&self, key: &K, version: u64) -> Option<u32> {
+        self.find(key).filter(|&i| self.node(i).version == version)
+    }
+
+    /// Every live node.
+    pub(crate) fn nodes(&self) -> impl Iterator<Item = (u32, &Node<K, V>)> {
+        self.slab
+            .iter()
+            .enumerate()
+            .filter_map(|(i, n)| n.as_ref().map(|n| (i as u32, n)))
+    }
+
+    /// The gauge changes made since the last call.
+    pub(crate) fn take_delta(&mut self) -> Delta {
+        std::mem::replace(&mut self.delta, Delta::ZERO)
+    }
+
+    fn add(&mut self, d: Delta) {
+        self.delta = self.delta.plus(d);
+    }
+
+    fn put(&mut self, node: Node<K, V>) -> u32 {
+        let hash = self.hash.of(&node.key);
+        let idx = match self.free.pop() {
+            Some(i) => {
+                self.slab[i as usize] = Some(node);
+                i
+            }
+            None => {
+                self.slab.push(Some(node));
+                (self.slab.len() - 1) as u32
+            }
+        };
+        let Shard {
+            map, slab, hash: h, ..
+        } = self;
+        map.insert_unique(hash, idx, |&i| {
+            h.of(&slab[i as usize].as_ref().expect("live slot").key)
+        });
+        idx
+    }
+
+    /// Take a node out entirely, with the gauge changes of its removal.
+    fn take(&mut self, idx: u32) -> Node<K, V> {
+        self.lists.unlink(&mut self.slab, idx);
+        let hash = self.hash.of(&self.node(idx).key);
+        match self.map.find_entry(hash, |&i| i == idx) {
+            Ok(slot) => drop(slot.remove()),
+            Err(_) => debug_assert!(false, "live slot {idx} missing from the table"),
+        }
+        let node = self.slab[idx as usize].take().expect("live slot");
+        self.free.push(idx);
+        let d = node.removed();
+        self.add(d);
+        node
+    }
+
+    // ----- the LRU lists --------------------------------------------------
+
+    fn link_front(&mut self, idx: u32, kind: ListKind, tick: u64) {
+        self.lists
+            .link_front(&mut self.slab, way::this_thread(), idx, kind, tick);
+    }
+
+    fn link_back(&mut self, idx: u32, kind: ListKind) {
+        self.lists
+            .link_back(&mut self.slab, way::this_thread(), idx, kind);
+    }
+
+    /// The least recently used entry of `kind` and its tick.
+    pub(crate) fn tail(&self, kind: ListKind) -> Option<(u32, u64)> {
+        self.lists.tail(&self.slab, kind)
+    }
+
+    /// Tick of the tail of `kind`, or `u64::MAX` when the list is empty.
+    pub(crate) fn tail_tick(&self, kind: ListKind) -> u64 {
+        self.tail(kind).map_or(u64::MAX, |(_, t)| t)
+    }
+
+    /// Whether a list's tail moved since the last call.
+    pub(crate) fn take_tails_moved(&mut self) -> bool {
+        self.lists.take_tails_moved()
+    }
+
+    // ----- operations -------------------------------------------------------
+
+    /// Find `key` for a read. A value in memory is pinned; with a waiter,
+    /// a value on disk gets a read started or joined.
+    pub(crate) fn lookup(&mut self, hash: u64, key: &K, waiter: Option<Waiter<V>>) -> Found<V> {
+        let Some(idx) = self.find_hashed(hash, key) else {
+            return Found::Missing;
+        };
+        let n = self.node_mut(idx);
+        let version = n.version;
+        if let Some(value) = n.state().value() {
+            let value = Arc::clone(value);
+            let d = n.pin();
+            self.add(d);
+            self.lists.unlink(&mut self.slab, idx);
+            return Found::Hit {
+                slot: idx,
+                version,
+                value,
+            };
+        }
+        let Some(w) = waiter else {
+            return Found::NotResident;
+        };
+        match n.start_read(w) {
+            Ok(Some(loc)) => Found::Read { version, loc },
+            Ok(None) => Found::Joined,
+            Err(_) => Found::NotResident,
+        }
+    }
+
+    /// Insert a new node (made by [`Node::inserted`]), replacing any entry
+    /// of the same key: readers waiting on the old value's disk read get
+    /// the new one. A resident-dirty node is linked at `tick()`.
+    pub(crate) fn insert(
+        &mut self,
+        node: Node<K, V>,
+        delta: Delta,
+        tick: impl FnOnce() -> u64,
+    ) -> After<K, V> {
+        let mut after = After::default();
+        let old = self.find(&node.key).map(|i| self.take(i));
+        let (version, value) = (node.version, node.state().value().map(Arc::clone));
+        let oversized = matches!(node.state(), State::Spilling { .. });
+        let key = oversized.then(|| node.key.clone());
+        let idx = self.put(node);
+        self.add(delta);
+        if !oversized {
+            self.link_front(idx, ListKind::Dirty, tick());
+        }
+        if let Some(old) = old {
+            let (disk, old_value, waiters) = old.into_parts();
+            (after.release, after.drop) = (disk, old_value);
+            if !waiters.is_empty() {
+                for _ in 0..waiters.len() {
+                    let d = self.node_mut(idx).pin();
+                    self.add(d);
+                }
+                self.lists.unlink(&mut self.slab, idx);
+                after.wake = Some(Wake::Pinned {
+                    waiters,
+                    slot: idx,
+                    version,
+                    value: Arc::clone(value.as_ref().expect("a new value is in memory")),
+                });
+            }
+        }
+        if let (Some(key), Some(value)) = (key, value) {
+            after.write = Some(SpillJob {
+                key,
+                version,
+                value,
+            });
+        }
+        after
+    }
+
+    /// Remove `key`: its value to drop, its record to release, its readers
+    /// told it is gone.
+    pub(crate) fn remove(&mut self, key: &K) -> Option<After<K, V>> {
+        let idx = self.find(key)?;
+        let (disk, value, waiters) = self.take(idx).into_parts();
+        Some(After {
+            drop: value,
+            release: disk,
+            wake: (!waiters.is_empty()).then_some(Wake::Gone(waiters)),
+            ..After::default()
+        })
+    }
+
+    /// Evict the tail of `kind` if its tick is `expect_tick` (when given):
+    /// a clean value is dropped, a dirty one queued for writing. Returns
+    /// its weight and what to do.
+    pub(crate) fn evict_tail(
+        &mut self,
+        kind: ListKind,
+        expect_tick: Option<u64>,
+    ) -> Option<(usize, After<K, V>)> {
+        let (idx, tick) = self.tail(kind)?;
+        if expect_tick.is_some_and(|t| t != tick) {
+            return None;
+        }
+        self.lists.unlink(&mut self.slab, idx);
+        let n = self.node_mut(idx);
+        let (w, key, version) = (n.weight, n.key.clone(), n.version);
+        let (evicted, d) = n.evict()?;
+        self.add(d);
+        let after = match evicted {
+            Evicted::Dropped(value) => After {
+                drop: Some(value),
+                clean_eviction: true,
+                ..After::default()
+            },
+            Evicted::Write(value) => After {
+                write: Some(SpillJob {
+                    key,
+                    version,
+                    value,
+                }),
+                ..After::default()
+            },
+        };
+        Some((w, after))
+    }
+
+    /// One pin of slot `idx` (of `version`) released. Returns the value
+    /// if the entry dropped it (a clean eviction).
+    pub(crate) fn unpin(
+        &mut self,
+        idx: u32,
+        version: u64,
+        consume: bool,
+        target: usize,
+        tick: impl FnOnce() -> u64,
+    ) -> Option<Arc<V>> {
+        let n = self.slab.get_mut(idx as usize)?.as_mut()?;
+        if n.version != version {
+            return None;
+        }
+        let (next, d) = n.unpin(consume, target);
+        self.add(d);
+        match next {
+            Unpinned::Nothing => None,
+            Unpinned::Freed(value) => Some(value),
+            Unpinned::Link {
+                kind,
+                first_out: true,
+            } => {
+                self.link_back(idx, kind);
+                None
+            }
+            Unpinned::Link { kind, .. } => {
+                self.link_front(idx, kind, tick());
+                None
+            }
+        }
+    }
+
+    /// One more pin of slot `idx` (a guard cloned).
+    pub(crate) fn repin(&mut self, idx: u32, version: u64) {
+        if let Some(n) = self.slab.get_mut(idx as usize).and_then(|n| n.as_mut()) {
+            if n.version == version {
+                n.repin();
+            }
+        }
+    }
+
+    /// `key`'s write finished at `loc`. Returns what to do and whether the
+    /// entry stayed in memory (it was pinned meanwhile).
+    pub(crate) fn spill_done(
+        &mut self,
+        key: &K,
+        version: u64,
+        loc: DiskLoc,
+    ) -> (After<K, V>, bool) {
+        let Some(idx) = self.find_version(key, version) else {
+            // Removed or replaced meanwhile: the record is dead.
+            let after = After {
+                release: Some(loc),
+                ..After::default()
+            };
+            return (after, false);
+        };
+        let (freed, d) = self.node_mut(idx).spill_done(loc);
+        self.add(d);
+        let kept = freed.is_none();
+        let after = After {
+            drop: freed,
+            ..After::default()
+        };
+        (after, kept)
+    }
+
+    /// `key`'s write failed: the value stays, relinked as most recently
+    /// used at `tick()` so that the next eviction tries another one.
+    pub(crate) fn spill_failed(&mut self, key: &K, version: u64, tick: impl FnOnce() -> u64) {
+        let Some(idx) = self.find_version(key, version) else {
+            return;
+        };
+        let n = self.node_mut(idx);
+        let d = n.spill_failed();
+        let unpinned = n.pins() == 0;
+        self.add(d);
+        if unpinned {
+            self.link_front(idx, ListKind::Dirty, tick());
+        }
+    }
+
+    /// Start a prefetch of `key` if it is on disk, was not consumed since
+    /// its last pin, and `admit` grants its weight (taking the
+    /// reservation itself, atomically against the target).
+    pub(crate) fn start_prefetch(
+        &mut self,
+        key: &K,
+        admit: impl FnOnce(usize) -> bool,
+    ) -> Option<(u64, DiskLoc)> {
+        let idx = self.find(key)?;
+        let n = self.node_mut(idx);
+        // Consumed since its last pin: the host is done with it, and a hint
+        // for it is stale. Reading it back would be a second read of the
+        // same record for nothing.
+        if !matches!(n.state(), State::OnDisk { .. }) || n.consumed() || !admit(n.weight) {
+            return None;
+        }
+        let version = n.version;
+        let (loc, d) = n.start_prefetch()?;
+        // `admit` took the reservation already.
+        self.add(Delta { reserved: 0, ..d });
+        Some((version, loc))
+    }
+
+    /// `key`'s read finished. `value` is `None` for a failed read; a value
+    /// heavier than `target` read for nobody (a prefetch) is not kept. A
+    /// kept value is pinned once per waiter, or linked as clean at
+    /// `tick()` when nobody waits.
+    pub(crate) fn read_done(
+        &mut self,
+        key: &K,
+        version: u64,
+        value: Option<Arc<V>>,
+        target: usize,
+        tick: impl FnOnce() -> u64,
+    ) -> Option<Wake<V>> {
+        // Removed or replaced meanwhile: its waiters were answered then.
+        let idx = self.find_version(key, version)?;
+        let n = self.node_mut(idx);
+        let keep = value.filter(|_| !(n.reading_for_nobody() && n.weight > target));
+        let landed = keep.clone();
+        let (waiters, _, d) = n.read_done(keep);
+        self.add(d);
+        let Some(value) = landed else {
+            return (!waiters.is_empty()).then_some(Wake::Failed(waiters));
+        };
+        if waiters.is_empty() {
+            self.link_front(idx, ListKind::Clean, tick());
+            return None;
+        }
+        for _ in 0..waiters.len() {
+            let d = self.node_mut(idx).pin();
+            self.add(d);
+        }
+        Some(Wake::Pinned {
+            waiters,
+            slot: idx,
+            version,
+            value,
+        })
+    }
+
+    /// Compaction copied `key`'s record `old` to `new`.
+    pub(crate) fn relocate(&mut self, key: &K, old: DiskLoc, new: DiskLoc) -> Relocated {
+        match self.find(key) {
+            Some(idx) => self.node_mut(idx).relocate(old, new),
+            None => Relocated::Stale,
+        }
+    }
+
+    /// Check the lists and the map against the nodes: see
+    /// [`Lists::validate`]; and each node is on the list its state asks
+    /// for.
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        self.lists.validate(&self.slab)?;
+        for (i, n) in self.nodes() {
+            if self.find(&n.key) != Some(i) {
+                return Err(format!("slot {i} is not the map's slot for its key"));
+            }
+            if n.list != n.wanted_list() {
+                return Err(format!(
+                    "slot {i} ({}, pins {}) on list {:?}, wants {:?}",
+                    n.state().name(),
+                    n.pins(),
+                    n.list,
+                    n.wanted_list()
+                ));
+            }
+        }
+        if self.map.len() != self.nodes().count() {
+            return Err("map and slab disagree on the number of keys".into());
+        }
+        Ok(())
+    }
+
+    /// Keys of `kind` in eviction order.
+    #[cfg(test)]
+    pub(crate) fn order(&self, kind: ListKind) -> Vec<K> {
+        self.lists
+            .order(&self.slab, kind)
+            .into_iter()
+            .map(|i| self.node(i).key.clone())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,144 @@
+//! The write path: victims chosen by eviction wait in one spill queue,
+//! drained by a job on the IO pool; large values are written one job each,
+//! small ones packed together ([`Store::put_batch`](crate::store::Store)).
+//! Each outcome is applied to its entry (spill done or failed) under the
+//! entry's shard lock.
+
+use super::inner::Inner;
+use super::Key;
+use crate::error::Error;
+use crate::io::Priority;
+use crate::metrics::Metrics;
+use crate::store::put::IN_PLACE_MIN;
+use crate::store::DiskLoc;
+use crate::value::Spill;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// A value chosen for eviction, waiting to be written.
+pub(crate) struct SpillJob<K, V> {
+    pub key: K,
+    pub version: u64,
+    pub value: Arc<V>,
+}
+
+impl<K: Key, V: Spill> Inner<K, V> {
+    /// Queue a victim for writing; the first one in an empty queue also
+    /// queues the job that drains it.
+    pub(crate) fn queue_spill(&self, job: SpillJob<K, V>) {
+        let first = {
+            let mut q = self.spill_queue.lock();
+            q.push(job);
+            q.len() == 1
+        };
+        if first {
+            self.submit(Priority::Spill, |me| me.drain_spills());
+        }
+    }
+
+    /// Is `key` still at `version` (not removed or replaced since its
+    /// write was queued)?
+    fn still_live(&self, key: &K, version: u64) -> bool {
+        self.with_shard(self.shard_of(key), |shard| {
+            shard.find_version(key, version).is_some()
+        })
+    }
+
+    /// Write out everything queued: large values one by one, small ones
+    /// packed. Runs on the pool.
+    fn drain_spills(&self) {
+        let jobs = std::mem::take(&mut *self.spill_queue.lock());
+        let mut small = Vec::new();
+        for job in jobs {
+            if job.value.weight() >= IN_PLACE_MIN {
+                // A job each, so that both IO threads can take them.
+                self.submit(Priority::Spill, move |me| me.spill(job));
+            } else if self.still_live(&job.key, job.version) {
+                small.push(job);
+            }
+        }
+        if small.is_empty() {
+            return;
+        }
+        let start = Instant::now();
+        let items: Vec<(&K, &V)> = small.iter().map(|j| (&j.key, &*j.value)).collect();
+        // Each record's outcome is applied as soon as its write is done,
+        // so that memory is freed batch by batch. The jobs' handles on the
+        // values go at the end; on the pool a free happens in place anyway.
+        self.store.put_batch(&items, |i, res| {
+            let job = &small[i];
+            self.finish_spill(&job.key, job.version, res);
+        });
+        Metrics::add_time(&self.metrics.spill_nanos, start.elapsed());
+        drop(items);
+        drop(small);
+        self.queue_compactions();
+    }
+
+    /// Write one value out. Runs on the pool.
+    fn spill(&self, job: SpillJob<K, V>) {
+        if !self.still_live(&job.key, job.version) {
+            return;
+        }
+        let start = Instant::now();
+        let res = self.store.put(&job.key, &*job.value);
+        Metrics::add_time(&self.metrics.spill_nanos, start.elapsed());
+        let SpillJob {
+            key,
+            version,
+            value,
+        } = job;
+        // The job's handle goes first, so that the entry's is the last one
+        // when the entry lets the value go.
+        drop(value);
+        self.finish_spill(&key, version, res);
+        self.queue_compactions();
+    }
+
+    /// Apply a write's outcome to its entry.
+    fn finish_spill(&self, key: &K, version: u64, res: crate::error::Result<DiskLoc>) {
+        match res {
+            Ok(loc) => self.spill_done(key, version, loc),
+            Err(e) => self.spill_failed(key, version, e),
+        }
+    }
+
+    fn spill_done(&self, key: &K, version: u64, loc: DiskLoc) {
+        Metrics::add(&self.metrics.spill_count, 1);
+        Metrics::add(&self.metrics.spilled_bytes, loc.len());
+        self.budget_logged.store(false, Relaxed);
+        self.backoff.success();
+        let s = self.shard_of(key);
+        let (after, kept) = self.with_shard(s, |shard| shard.spill_done(key, version, loc));
+        self.act(s, after);
+        if kept {
+            // Pinned while it was written: clean now, and evictable for free
+            // once unpinned.
+            self.evict_to_target();
+        } else {
+            self.wake_mem_waiters();
+        }
+    }
+
+    fn spill_failed(&self, key: &K, version: u64, err: Error) {
+        Metrics::add(&self.metrics.spill_errors, 1);
+        self.backoff.failure();
+        if matches!(err, Error::DiskBudget { .. }) {
+            Metrics::add(&self.metrics.budget_refusals, 1);
+            if !self.budget_logged.swap(true, Relaxed) {
+                tracing::warn!(key = ?key, error = %err, "disk budget reached; values stay in memory");
+            }
+        } else {
+            tracing::warn!(key = ?key, error = %err, "spill failed; the value stays in memory");
+        }
+        let s = self.shard_of(key);
+        self.with_shard(s, |shard| {
+            shard.spill_failed(key, version, || self.next_tick_synced(s))
+        });
+        // Nothing retries the eviction until the host acts again, so with
+        // no other write in flight memory will not fall: `stalled` then
+        // releases the waiters rather than leave them waiting forever.
+        self.wake_mem_waiters();
+    }
+}

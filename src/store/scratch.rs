@@ -1,0 +1,50 @@
+//! Buffers reused by the encode, compress, read and decompress steps of
+//! one thread: copying into reused memory runs several times faster than
+//! into freshly allocated pages (docs/design.md).
+
+use std::cell::RefCell;
+
+/// One thread's buffers.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    pub a: Vec<u8>,
+    pub b: Vec<u8>,
+    /// Small records packed for one write.
+    pub batch: Vec<u8>,
+}
+
+/// Scratch buffers larger than this are released after use rather than
+/// kept for the thread's life.
+const SCRATCH_KEEP: usize = 64 << 20;
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// Run `f` with this thread's scratch buffers.
+pub(crate) fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut guard) => {
+            let s = &mut *guard;
+            let r = f(s);
+            for v in [&mut s.a, &mut s.b, &mut s.batch] {
+                if v.capacity() > SCRATCH_KEEP {
+                    *v = Vec::new();
+                }
+            }
+            r
+        }
+        // Re-entered (a Spill impl using a buffer inside encode): use fresh
+        // buffers rather than fail.
+        Err(_) => f(&mut Scratch::default()),
+    })
+}
+
+/// Grow `buf`'s initialised length to `len` (no memset of a reused
+/// buffer's old bytes), then cut it to exactly `len`.
+pub(crate) fn fit(buf: &mut Vec<u8>, len: usize) {
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+    buf.truncate(len);
+}
