@@ -26,6 +26,8 @@ use crate::metrics::{Metrics, Stats};
 use crate::store::{DiskLoc, Store};
 use crate::value::Spill;
 use parking_lot::Mutex;
+use std::borrow::Borrow;
+use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 
@@ -124,7 +126,9 @@ impl<K: Key, V: Spill> Inner<K, V> {
         })
     }
 
-    pub(crate) fn shard_of(&self, key: &K) -> usize {
+    /// The shard of `key`, or of a borrowed form of it (which hashes the
+    /// same: see [`Shard::find`]).
+    pub(crate) fn shard_of<Q: Hash + ?Sized>(&self, key: &Q) -> usize {
         self.shard_of_hash(self.hasher.of(key))
     }
 
@@ -283,7 +287,11 @@ impl<K: Key, V: Spill> Inner<K, V> {
         self.evict_to_target();
     }
 
-    pub(crate) fn remove(&self, key: &K) -> bool {
+    pub(crate) fn remove<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         let s = self.shard_of(key);
         match self.with_shard(s, |shard| shard.remove(key)) {
             Some(after) => {

@@ -18,6 +18,7 @@ use crate::buffer::write::SpillJob;
 use crate::store::compact::Relocated;
 use crate::store::DiskLoc;
 use hashbrown::HashTable;
+use std::borrow::Borrow;
 use std::hash::Hash;
 use std::sync::Arc;
 
@@ -62,7 +63,7 @@ impl<K, V> Default for After<K, V> {
 }
 
 /// What a lookup for a read found.
-pub(crate) enum Found<V> {
+pub(crate) enum Found<K, V> {
     Missing,
     /// In memory: pinned for the caller.
     Hit {
@@ -74,8 +75,11 @@ pub(crate) enum Found<V> {
     NotResident,
     /// A read is in flight; the waiter was queued on it.
     Joined,
-    /// The caller must run (or queue) the read at `loc`.
+    /// The caller must run (or queue) the read of `key`'s record at `loc`.
+    /// The key is the entry's own (the lookup may have used a borrowed
+    /// form of it).
     Read {
+        key: K,
         version: u64,
         loc: DiskLoc,
     },
@@ -114,21 +118,38 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
 
     // ----- the index ----------------------------------------------------
 
-    pub(crate) fn find(&self, key: &K) -> Option<u32> {
+    /// The slot of `key`, or of any borrowed form of it: `K: Borrow<Q>`
+    /// promises that `Q` hashes and compares as `K` does, and the key hash
+    /// hashes through `Hash`, so both find the same slot.
+    pub(crate) fn find<Q>(&self, key: &Q) -> Option<u32>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         self.find_hashed(self.hash.of(key), key)
     }
 
     /// [`Shard::find`] for a key whose hash the caller already has.
-    pub(crate) fn find_hashed(&self, hash: u64, key: &K) -> Option<u32> {
+    pub(crate) fn find_hashed<Q>(&self, hash: u64, key: &Q) -> Option<u32>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         let slab = &self.slab;
         self.map
             .find(hash, |&i| {
-                slab[i as usize].as_ref().is_some_and(|n| n.key == *key)
+                slab[i as usize]
+                    .as_ref()
+                    .is_some_and(|n| n.key.borrow() == key)
             })
             .copied()
     }
 
-    pub(crate) fn contains(&self, key: &K) -> bool {
+    pub(crate) fn contains<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         self.find(key).is_some()
     }
 
@@ -234,7 +255,11 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
 
     /// Find `key` for a read. A value in memory is pinned; with a waiter,
     /// a value on disk gets a read started or joined.
-    pub(crate) fn lookup(&mut self, hash: u64, key: &K, waiter: Option<Waiter<V>>) -> Found<V> {
+    pub(crate) fn lookup<Q>(&mut self, hash: u64, key: &Q, waiter: Option<Waiter<V>>) -> Found<K, V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         let Some(idx) = self.find_hashed(hash, key) else {
             return Found::Missing;
         };
@@ -255,7 +280,11 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
             return Found::NotResident;
         };
         match n.start_read(w) {
-            Ok(Some(loc)) => Found::Read { version, loc },
+            Ok(Some(loc)) => Found::Read {
+                key: self.node(idx).key.clone(),
+                version,
+                loc,
+            },
             Ok(None) => Found::Joined,
             Err(_) => Found::NotResident,
         }
@@ -309,7 +338,11 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
 
     /// Remove `key`: its value to drop, its record to release, its readers
     /// told it is gone.
-    pub(crate) fn remove(&mut self, key: &K) -> Option<After<K, V>> {
+    pub(crate) fn remove<Q>(&mut self, key: &Q) -> Option<After<K, V>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         let idx = self.find(key)?;
         let (disk, value, waiters) = self.take(idx).into_parts();
         Some(After {
