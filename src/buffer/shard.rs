@@ -9,7 +9,7 @@
 //! lock is released: values to drop, a write to queue, a record to
 //! release, waiters to answer. The buffer acts on it (`Inner::act`).
 
-use crate::buffer::entry::{Delta, Evicted, ListKind, Node, State, Unpinned};
+use crate::buffer::entry::{Delta, Detached, Evicted, ListKind, Node, Removed, State, Unpinned};
 use crate::buffer::hash::KeyHash;
 use crate::buffer::lru::{Lists, Slab};
 use crate::buffer::pinned::Waiter;
@@ -19,6 +19,7 @@ use crate::store::compact::Relocated;
 use crate::store::DiskLoc;
 use hashbrown::HashTable;
 use std::borrow::Borrow;
+use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::Arc;
 
@@ -93,6 +94,9 @@ pub(crate) struct Shard<K, V> {
     slab: Slab<K, V>,
     free: Vec<u32>,
     lists: Lists,
+    /// Values of removed or replaced entries that pins or writes still
+    /// hold, by their entry's version (which pins and write jobs carry).
+    detached: HashMap<u64, Detached<V>>,
     /// Gauge changes made since the last [`Shard::take_delta`].
     delta: Delta,
 }
@@ -107,6 +111,7 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
             slab: Vec::new(),
             free: Vec::new(),
             lists: Lists::new(),
+            detached: HashMap::new(),
             delta: Delta::ZERO,
         }
     }
@@ -209,8 +214,9 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         idx
     }
 
-    /// Take a node out entirely, with the gauge changes of its removal.
-    fn take(&mut self, idx: u32) -> Node<K, V> {
+    /// Take a node out entirely, with the gauge changes of its removal. A
+    /// value still held by pins or a write is kept as detached.
+    fn take(&mut self, idx: u32) -> Removed<V> {
         self.lists.unlink(&mut self.slab, idx);
         let hash = self.hash.of(&self.node(idx).key);
         match self.map.find_entry(hash, |&i| i == idx) {
@@ -219,9 +225,35 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         }
         let node = self.slab[idx as usize].take().expect("live slot");
         self.free.push(idx);
-        let d = node.removed();
+        let version = node.version;
+        let (mut removed, d) = node.removed();
         self.add(d);
-        node
+        if let Some(det) = removed.detached.take() {
+            self.detached.insert(version, det);
+        }
+        removed
+    }
+
+    /// Values of removed or replaced entries still held, by version.
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn detached(&self) -> impl Iterator<Item = (u64, &Detached<V>)> {
+        self.detached.iter().map(|(v, d)| (*v, d))
+    }
+
+    /// A holder of the detached value of `version` let go (`f` says
+    /// how); returns the value to drop if that was the last one.
+    fn release_detached(
+        &mut self,
+        version: u64,
+        f: impl FnOnce(&mut Detached<V>) -> (Option<Arc<V>>, Delta),
+    ) -> Option<Arc<V>> {
+        let det = self.detached.get_mut(&version)?;
+        let (value, d) = f(det);
+        self.add(d);
+        if value.is_some() {
+            self.detached.remove(&version);
+        }
+        value
     }
 
     // ----- the LRU lists --------------------------------------------------
@@ -310,7 +342,12 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
             self.link_front(idx, ListKind::Dirty, tick());
         }
         if let Some(old) = old {
-            let (disk, old_value, waiters) = old.into_parts();
+            let Removed {
+                disk,
+                drop: old_value,
+                waiters,
+                ..
+            } = old;
             (after.release, after.drop) = (disk, old_value);
             if !waiters.is_empty() {
                 for _ in 0..waiters.len() {
@@ -344,7 +381,12 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         Q: Hash + Eq + ?Sized,
     {
         let idx = self.find(key)?;
-        let (disk, value, waiters) = self.take(idx).into_parts();
+        let Removed {
+            disk,
+            drop: value,
+            waiters,
+            ..
+        } = self.take(idx);
         Some(After {
             drop: value,
             release: disk,
@@ -388,8 +430,10 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         Some((w, after))
     }
 
-    /// One pin of slot `idx` (of `version`) released. Returns the value
-    /// if the entry dropped it (a clean eviction).
+    /// One pin of slot `idx` (of `version`) released. Returns a value to
+    /// drop: one the entry dropped (a clean eviction: `true`), or the
+    /// value of a removed or replaced entry that this pin was the last to
+    /// hold (`false`).
     pub(crate) fn unpin(
         &mut self,
         idx: u32,
@@ -397,16 +441,19 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         consume: bool,
         target: usize,
         tick: impl FnOnce() -> u64,
-    ) -> Option<Arc<V>> {
-        let n = self.slab.get_mut(idx as usize)?.as_mut()?;
-        if n.version != version {
-            return None;
-        }
+    ) -> Option<(Arc<V>, bool)> {
+        let n = match self.slab.get_mut(idx as usize) {
+            Some(Some(n)) if n.version == version => n,
+            _ => {
+                let value = self.release_detached(version, Detached::unpin)?;
+                return Some((value, false));
+            }
+        };
         let (next, d) = n.unpin(consume, target);
         self.add(d);
         match next {
             Unpinned::Nothing => None,
-            Unpinned::Freed(value) => Some(value),
+            Unpinned::Freed(value) => Some((value, true)),
             Unpinned::Link {
                 kind,
                 first_out: true,
@@ -423,9 +470,12 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
 
     /// One more pin of slot `idx` (a guard cloned).
     pub(crate) fn repin(&mut self, idx: u32, version: u64) {
-        if let Some(n) = self.slab.get_mut(idx as usize).and_then(|n| n.as_mut()) {
-            if n.version == version {
-                n.repin();
+        match self.slab.get_mut(idx as usize) {
+            Some(Some(n)) if n.version == version => n.repin(),
+            _ => {
+                if let Some(det) = self.detached.get_mut(&version) {
+                    det.repin();
+                }
             }
         }
     }
@@ -439,9 +489,11 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         loc: DiskLoc,
     ) -> (After<K, V>, bool) {
         let Some(idx) = self.find_version(key, version) else {
-            // Removed or replaced meanwhile: the record is dead.
+            // Removed or replaced meanwhile: the record is dead, and the
+            // write no longer holds the value.
             let after = After {
                 release: Some(loc),
+                drop: self.release_detached(version, Detached::write_ended),
                 ..After::default()
             };
             return (after, false);
@@ -457,10 +509,17 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
     }
 
     /// `key`'s write failed: the value stays, relinked as most recently
-    /// used at `tick()` so that the next eviction tries another one.
-    pub(crate) fn spill_failed(&mut self, key: &K, version: u64, tick: impl FnOnce() -> u64) {
+    /// used at `tick()` so that the next eviction tries another one. If
+    /// the entry was removed or replaced meanwhile, returns its value when
+    /// the write was its last holder (to drop after unlocking).
+    pub(crate) fn spill_failed(
+        &mut self,
+        key: &K,
+        version: u64,
+        tick: impl FnOnce() -> u64,
+    ) -> Option<Arc<V>> {
         let Some(idx) = self.find_version(key, version) else {
-            return;
+            return self.release_detached(version, Detached::write_ended);
         };
         let n = self.node_mut(idx);
         let d = n.spill_failed();
@@ -469,6 +528,18 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         if unpinned {
             self.link_front(idx, ListKind::Dirty, tick());
         }
+        None
+    }
+
+    /// Is the write of `key` at `version` still wanted (the entry not
+    /// removed or replaced since it was queued)? If not, the job is about
+    /// to drop its value without writing: it no longer holds it, and the
+    /// value is returned when that was its last holder.
+    pub(crate) fn write_wanted(&mut self, key: &K, version: u64) -> (bool, Option<Arc<V>>) {
+        if self.find_version(key, version).is_some() {
+            return (true, None);
+        }
+        (false, self.release_detached(version, Detached::write_ended))
     }
 
     /// Start a prefetch of `key` if it is on disk, was not consumed since
