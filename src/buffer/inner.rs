@@ -304,13 +304,14 @@ impl<K: Key, V: Spill> Inner<K, V> {
         wanted
     }
 
-    pub(crate) fn remove<Q>(&self, key: &Q) -> bool
+    /// Remove `key`; with `version`, only if it still holds that version.
+    pub(crate) fn remove<Q>(&self, key: &Q, version: Option<u64>) -> bool
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         let s = self.shard_of(key);
-        match self.with_shard(s, |shard| shard.remove(key)) {
+        match self.with_shard(s, |shard| shard.remove(key, version)) {
             Some(after) => {
                 self.act(s, after);
                 self.wake_mem_waiters();

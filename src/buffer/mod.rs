@@ -257,7 +257,69 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.inner().remove(key)
+        self.inner().remove(key, None)
+    }
+
+    /// Remove `key` and hand its value back; `None` if the key is absent.
+    /// A value on disk is read back on the IO pool first, never on the
+    /// caller's thread; if that read fails, the error is returned and the
+    /// key stays (nothing is lost).
+    ///
+    /// The value comes back as an `Arc`, without a copy: other holders may
+    /// still share it — a [`Pinned`] guard of the key (which keeps reading
+    /// the old value), or a write of it still in flight. When none does,
+    /// which is the usual case, `Arc::try_unwrap` gives the value itself;
+    /// otherwise clone it, or wait for the other holders to go. (A take
+    /// that returned `V` would have to fail or copy in that case.)
+    ///
+    /// If another thread replaces the key while its value is being read
+    /// back, the new value is taken instead; if another thread removes it,
+    /// the take finds it absent.
+    pub async fn take<Q>(&self, key: &Q) -> Result<Option<Arc<V>>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        loop {
+            let Some(pin) = self.pin(key).await? else {
+                return Ok(None);
+            };
+            if let Some(value) = self.take_pinned(key, pin) {
+                return Ok(Some(value));
+            }
+        }
+    }
+
+    /// [`SpillBuffer::take`] for blocking callers: a value on disk is read
+    /// back on this thread, as [`SpillBuffer::get`] does.
+    pub fn take_blocking<Q>(&self, key: &Q) -> Result<Option<Arc<V>>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        loop {
+            let Some(pin) = self.get(key)? else {
+                return Ok(None);
+            };
+            if let Some(value) = self.take_pinned(key, pin) {
+                return Ok(Some(value));
+            }
+        }
+    }
+
+    /// Remove `key` if it still holds the value `pin` holds, and hand that
+    /// value back; `None` if it was replaced meanwhile.
+    fn take_pinned<Q>(&self, key: &Q, pin: Pinned<V>) -> Option<Arc<V>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let value = Arc::clone(pin.value());
+        let removed = self.inner().remove(key, Some(pin.version()));
+        // The pin goes after the entry: the value is the caller's now, not
+        // a detached value of the buffer's.
+        drop(pin);
+        removed.then_some(value)
     }
 
     /// Evict at least `bytes` of unpinned values now (consumed ones first,

@@ -375,12 +375,17 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
 
     /// Remove `key`: its value to drop, its record to release, its readers
     /// told it is gone.
-    pub(crate) fn remove<Q>(&mut self, key: &Q) -> Option<After<K, V>>
+    /// With `version`, only if the entry still holds that version (not
+    /// replaced since).
+    pub(crate) fn remove<Q>(&mut self, key: &Q, version: Option<u64>) -> Option<After<K, V>>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         let idx = self.find(key)?;
+        if version.is_some_and(|v| v != self.node(idx).version) {
+            return None;
+        }
         let Removed {
             disk,
             drop: value,
