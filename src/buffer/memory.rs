@@ -62,6 +62,11 @@ impl Gauges {
             // Written only under the shard lock: a load and a store.
             let p = pinned.load(Relaxed) as isize + d.pinned;
             pinned.store(p as usize, Relaxed);
+            // A pin or unpin of a resident value (the hit path) moves
+            // nothing else.
+            if (Delta { pinned: 0, ..d }) == Delta::ZERO {
+                return;
+            }
         }
         // A prefetched value moves from reserved to resident in one step
         // as `admit` sees it: resident first, under the admission lock, or
