@@ -10,12 +10,23 @@ use std::time::Duration;
 /// lock, so under concurrent use they may be a few operations apart.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Stats {
-    /// Weight of the values held in memory (including those being written).
+    /// Weight of every value the buffer holds in memory: resident values
+    /// (including those being written and pinned ones) and detached ones
+    /// (`detached_bytes`). What `memory_limit` is compared with.
     pub memory_bytes: u64,
-    /// Number of values held in memory.
+    /// Number of values held in memory (`memory_bytes` covers them).
     pub memory_count: u64,
     /// Weight of the resident values queued for, or in the middle of, a write.
     pub spilling_bytes: u64,
+    /// Of `memory_bytes`, values no key holds any more (removed, replaced,
+    /// or dropped from memory) that are still alive: held by a [`Pinned`]
+    /// guard, by a write queued or running, or by a job queued to free
+    /// them on the IO pool. They go when their last holder lets go.
+    ///
+    /// [`Pinned`]: crate::Pinned
+    pub detached_bytes: u64,
+    /// Number of values `detached_bytes` covers.
+    pub detached_count: u64,
     /// Bytes of the live records on disk, as stored (after compression).
     pub disk_bytes: u64,
     /// Number of live records on disk.
@@ -101,10 +112,11 @@ impl std::fmt::Display for Stats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "in memory: {} in {} values ({} of them being written)",
+            "in memory: {} in {} values ({} being written, {} detached)",
             Bytes(self.memory_bytes),
             Count(self.memory_count),
             Bytes(self.spilling_bytes),
+            Bytes(self.detached_bytes),
         )?;
         writeln!(
             f,
@@ -253,6 +265,8 @@ mod tests {
             memory_bytes: 64 << 20,
             memory_count: 64,
             spilling_bytes: 2 << 20,
+            detached_bytes: 1 << 20,
+            detached_count: 1,
             disk_bytes: 200 << 20,
             disk_count: 256,
             file_bytes: 256 << 20,
@@ -268,7 +282,7 @@ mod tests {
             unspill_seconds_total: 0.25,
         };
         let want = "\
-in memory: 64.0 MiB in 64 values (2.0 MiB of them being written)
+in memory: 64.0 MiB in 64 values (2.0 MiB being written, 1.0 MiB detached)
 on disk: 200.0 MiB in 256 records (after compression), files 256.0 MiB
 spilled: 300.0 MiB in 1,300 records, 1.50 s of IO-thread time
 read back: 3.0 GiB in 12,345 records, 250.0 ms of read time

@@ -75,8 +75,8 @@ impl<V> State<V> {
 /// byte and count changes; the buffer applies them (see
 /// `buffer::memory::Gauges::apply`) under the shard lock that made them.
 ///
-/// A gauge added later (bytes held by queued IO jobs, pins of removed keys)
-/// is a field here, set by the transitions that move it.
+/// A gauge added later is a field here, set by the transitions that move
+/// it.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Delta {
     /// Weight of values in memory (resident, spilling, pinned).
@@ -93,6 +93,16 @@ pub(crate) struct Delta {
     pub reserved: isize,
     /// Live keys.
     pub len: isize,
+    /// Weight of detached values: no longer any entry's (removed,
+    /// replaced, or on their way to be freed on the pool) but still held,
+    /// by pins or by IO jobs.
+    pub detached: isize,
+    /// Number of detached values.
+    pub detached_count: isize,
+    /// Of `detached`, the weight an IO job holds (a write queued or
+    /// running, a free queued on the pool): it falls without the host
+    /// doing anything.
+    pub detached_io: isize,
 }
 
 impl Delta {
@@ -104,6 +114,9 @@ impl Delta {
         pinned_spilling: 0,
         reserved: 0,
         len: 0,
+        detached: 0,
+        detached_count: 0,
+        detached_io: 0,
     };
 
     /// Both changes together.
@@ -116,6 +129,38 @@ impl Delta {
             pinned_spilling: self.pinned_spilling + o.pinned_spilling,
             reserved: self.reserved + o.reserved,
             len: self.len + o.len,
+            detached: self.detached + o.detached,
+            detached_count: self.detached_count + o.detached_count,
+            detached_io: self.detached_io + o.detached_io,
+        }
+    }
+
+    /// The opposite change.
+    pub(crate) fn negate(self) -> Delta {
+        Delta {
+            resident: -self.resident,
+            count: -self.count,
+            spilling: -self.spilling,
+            pinned: -self.pinned,
+            pinned_spilling: -self.pinned_spilling,
+            reserved: -self.reserved,
+            len: -self.len,
+            detached: -self.detached,
+            detached_count: -self.detached_count,
+            detached_io: -self.detached_io,
+        }
+    }
+
+    /// A value of weight `w` handed to the IO pool to be freed there (see
+    /// `Inner::drop_value`): detached and held by a job until the job has
+    /// dropped it, when the negation of this is applied.
+    pub(crate) fn freeing(w: usize) -> Delta {
+        let w = w as isize;
+        Delta {
+            detached: w,
+            detached_count: 1,
+            detached_io: w,
+            ..Delta::ZERO
         }
     }
 
@@ -496,44 +541,163 @@ impl<K, V> Node<K, V> {
         }
     }
 
-    /// Any state → (absent): the gauge changes of taking the entry out.
-    /// The caller then disposes of what it held (see [`Node::into_parts`]).
-    pub(crate) fn removed(&self) -> Delta {
+    /// Any state → (absent): the entry leaves the index. A value in
+    /// memory that a pin or a write still holds becomes [`Detached`] and
+    /// stays counted (in `detached`, no longer in `resident`) until they
+    /// let it go; otherwise it is handed back to drop. Also hands back the
+    /// record to release and the readers waiting on it (to answer).
+    pub(crate) fn removed(self) -> (Removed<V>, Delta) {
         let w = self.w();
         let mut d = Delta {
             len: -1,
             ..Delta::ZERO
         };
-        match &self.state {
-            State::Resident { .. } | State::Spilling { .. } => {
+        let disk = self.state.disk();
+        let pinned = self.pins > 0;
+        let mut out = Removed {
+            disk,
+            drop: None,
+            waiters: Vec::new(),
+            detached: None,
+        };
+        match self.state {
+            State::Resident { value, .. } => {
                 d = d.plus(Delta::leave(w));
-                if self.pins > 0 {
+                if pinned {
                     d.pinned = -w;
-                }
-                if self.is_spilling() {
-                    d.spilling = -w;
-                    if self.pins > 0 {
-                        d.pinned_spilling = -w;
-                    }
+                    out.detached = Some(Detached::new(value, self.weight, self.pins, false));
+                } else {
+                    out.drop = Some(value);
                 }
             }
-            State::Unspilling { prefetch: true, .. } => d.reserved = -w,
-            _ => {}
+            State::Spilling { value } => {
+                // Its write is queued or running, and holds the value until
+                // it reports (`Detached::write_ended`).
+                d = d.plus(Delta::leave(w));
+                d.spilling = -w;
+                if pinned {
+                    d.pinned = -w;
+                    d.pinned_spilling = -w;
+                }
+                out.detached = Some(Detached::new(value, self.weight, self.pins, true));
+            }
+            State::Unspilling {
+                waiters, prefetch, ..
+            } => {
+                if prefetch {
+                    d.reserved = -w;
+                }
+                out.waiters = *waiters;
+            }
+            State::OnDisk { .. } => {}
         }
-        d
+        if let Some(det) = &out.detached {
+            d = d.plus(det.entered());
+        }
+        (out, d)
+    }
+}
+
+/// What a removed entry left: its record (to release), its value (to drop,
+/// when nothing else the buffer counts holds it, else `detached`) and the
+/// readers waiting on it (to answer).
+pub(crate) struct Removed<V> {
+    pub disk: Option<DiskLoc>,
+    pub drop: Option<Arc<V>>,
+    pub waiters: Vec<Waiter<V>>,
+    pub detached: Option<Detached<V>>,
+}
+
+/// The value of a removed or replaced entry that pins or its write still
+/// hold. It no longer belongs to any key, but its memory is still the
+/// buffer's: it counts in `memory_bytes` and against `memory_limit` (not
+/// against the target, which bounds what eviction can free) until its last
+/// holder lets go. The shard keeps it by its entry's version, which pins
+/// and write jobs carry.
+pub(crate) struct Detached<V> {
+    value: Arc<V>,
+    weight: usize,
+    pins: u32,
+    /// Its write is queued or running.
+    writing: bool,
+}
+
+impl<V> Detached<V> {
+    fn new(value: Arc<V>, weight: usize, pins: u32, writing: bool) -> Self {
+        Detached {
+            value,
+            weight,
+            pins,
+            writing,
+        }
     }
 
-    /// What a removed entry held: its record (to release), its value (to
-    /// drop) and the readers waiting on it (to answer).
-    pub(crate) fn into_parts(self) -> (Option<DiskLoc>, Option<Arc<V>>, Vec<Waiter<V>>) {
-        let disk = self.state.disk();
-        match self.state {
-            State::Unspilling { waiters, .. } => (disk, None, *waiters),
-            State::Resident { value, .. } | State::Spilling { value } => {
-                (disk, Some(value), Vec::new())
-            }
-            State::OnDisk { .. } => (disk, None, Vec::new()),
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn weight(&self) -> usize {
+        self.weight
+    }
+
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn pins(&self) -> u32 {
+        self.pins
+    }
+
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn writing(&self) -> bool {
+        self.writing
+    }
+
+    fn io(&self) -> isize {
+        if self.writing {
+            self.weight as isize
+        } else {
+            0
         }
+    }
+
+    /// The gauges of it becoming detached.
+    fn entered(&self) -> Delta {
+        Delta {
+            detached: self.weight as isize,
+            detached_count: 1,
+            detached_io: self.io(),
+            ..Delta::ZERO
+        }
+    }
+
+    /// One more pin (a guard cloned).
+    pub(crate) fn repin(&mut self) {
+        self.pins += 1;
+    }
+
+    /// A pin released. Hands the value back (to drop) when nothing holds
+    /// it any more; the caller then forgets it.
+    pub(crate) fn unpin(&mut self) -> (Option<Arc<V>>, Delta) {
+        self.pins = self.pins.saturating_sub(1);
+        self.gone_if_free(Delta::ZERO)
+    }
+
+    /// Its write reported (done, failed, or dropped because the entry was
+    /// gone). Hands the value back as [`Detached::unpin`] does.
+    pub(crate) fn write_ended(&mut self) -> (Option<Arc<V>>, Delta) {
+        let d = Delta {
+            detached_io: -self.io(),
+            ..Delta::ZERO
+        };
+        self.writing = false;
+        self.gone_if_free(d)
+    }
+
+    fn gone_if_free(&self, d: Delta) -> (Option<Arc<V>>, Delta) {
+        if self.pins > 0 || self.writing {
+            return (None, d);
+        }
+        let left = Delta {
+            detached: -(self.weight as isize),
+            detached_count: -1,
+            ..d
+        };
+        (Some(Arc::clone(&self.value)), left)
     }
 }
 

@@ -10,7 +10,7 @@
 //! spill queue's and the memory waiters' are taken alone. Encoding, IO,
 //! dropping values and waking waiters happen after every lock is released.
 
-use super::entry::{ListKind, Node};
+use super::entry::{Delta, ListKind, Node};
 use super::hash::KeyHash;
 use super::memory::{Gauges, MemoryWaiters};
 use super::pinned::{PinAt, PinOwner, PinResult, Pinned};
@@ -26,6 +26,8 @@ use crate::metrics::{Metrics, Stats};
 use crate::store::{DiskLoc, Store};
 use crate::value::Spill;
 use parking_lot::Mutex;
+use std::borrow::Borrow;
+use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 
@@ -124,7 +126,9 @@ impl<K: Key, V: Spill> Inner<K, V> {
         })
     }
 
-    pub(crate) fn shard_of(&self, key: &K) -> usize {
+    /// The shard of `key`, or of a borrowed form of it (which hashes the
+    /// same: see [`Shard::find`]).
+    pub(crate) fn shard_of<Q: Hash + ?Sized>(&self, key: &Q) -> usize {
         self.shard_of_hash(self.hasher.of(key))
     }
 
@@ -283,9 +287,31 @@ impl<K: Key, V: Spill> Inner<K, V> {
         self.evict_to_target();
     }
 
-    pub(crate) fn remove(&self, key: &K) -> bool {
+    /// Is the write of `key` at `version` still wanted? If not (the entry
+    /// was removed or replaced since), the caller drops the job without
+    /// writing, and the value stops counting as held by it.
+    pub(crate) fn write_wanted(&self, key: &K, version: u64) -> bool {
         let s = self.shard_of(key);
-        match self.with_shard(s, |shard| shard.remove(key)) {
+        let (wanted, value) = self.with_shard(s, |shard| shard.write_wanted(key, version));
+        if let Some(value) = value {
+            self.drop_value(value);
+        }
+        if !wanted {
+            // Memory fell, or at least one job fewer holds it: the waiters
+            // may be free to go, or stalled.
+            self.wake_mem_waiters();
+        }
+        wanted
+    }
+
+    /// Remove `key`; with `version`, only if it still holds that version.
+    pub(crate) fn remove<Q>(&self, key: &Q, version: Option<u64>) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let s = self.shard_of(key);
+        match self.with_shard(s, |shard| shard.remove(key, version)) {
             Some(after) => {
                 self.act(s, after);
                 self.wake_mem_waiters();
@@ -305,17 +331,20 @@ impl<K: Key, V: Spill> Inner<K, V> {
     pub(crate) fn drop_value(&self, value: Arc<V>) {
         // A count of one cannot rise under us: no other handle exists to
         // clone from (the crate keeps no `Weak` to values).
-        if Arc::strong_count(&value) == 1
-            && value.weight() >= HEAVY_DROP
-            && !self.pool.on_pool_thread()
-        {
-            // If the pool is shut down the job is dropped here, freeing the
-            // value in place: nothing better is left to do.
-            self.pool
-                .submit(Priority::Free, Box::new(move || drop(value)));
-        } else {
-            drop(value);
+        let w = value.weight();
+        if Arc::strong_count(&value) == 1 && w >= HEAVY_DROP && !self.pool.on_pool_thread() {
+            // Until the job has freed it the value is still the buffer's
+            // memory: counted as detached, held by an IO job. If the pool
+            // is shut down the job is dropped unrun, which frees the value
+            // and settles the gauges all the same.
+            if let Some(me) = self.me.upgrade() {
+                let freeing = Freeing::new(me, value, w);
+                self.pool
+                    .submit(Priority::Free, Box::new(move || drop(freeing)));
+                return;
+            }
         }
+        drop(value);
     }
 
     /// A disk record is dead: account for it, delete its segment on the
@@ -359,10 +388,14 @@ impl<K: Key, V: Spill> Inner<K, V> {
     }
 
     pub(crate) fn stats(&self) -> Stats {
+        let detached = self.g.detached.load(Relaxed) as u64;
+        let detached_count = self.g.detached_count.load(Relaxed) as u64;
         let mut st = Stats {
-            memory_bytes: self.g.resident.load(Relaxed) as u64,
-            memory_count: self.g.resident_count.load(Relaxed) as u64,
+            memory_bytes: self.g.resident.load(Relaxed) as u64 + detached,
+            memory_count: self.g.resident_count.load(Relaxed) as u64 + detached_count,
             spilling_bytes: self.g.spilling.load(Relaxed) as u64,
+            detached_bytes: detached,
+            detached_count,
             disk_bytes: self.store.disk_bytes(),
             disk_count: self.store.disk_count(),
             file_bytes: self.store.file_bytes(),
@@ -388,8 +421,10 @@ impl<K: Key, V: Spill> PinOwner<V> for Inner<K, V> {
         // the last one and the free happens on the pool.
         self.drop_value(guard);
         let freed_any = freed.is_some();
-        if let Some(value) = freed {
-            Metrics::add(&self.metrics.clean_evictions, 1);
+        if let Some((value, clean_eviction)) = freed {
+            if clean_eviction {
+                Metrics::add(&self.metrics.clean_evictions, 1);
+            }
             self.drop_value(value);
         }
         // An unpin that freed nothing moved neither the resident nor the
@@ -399,6 +434,37 @@ impl<K: Key, V: Spill> PinOwner<V> for Inner<K, V> {
         if freed_any || self.over_target() > 0 {
             self.evict_to_target();
         }
+    }
+}
+
+/// A heavy value on its way to be freed on the IO pool (see
+/// [`Inner::drop_value`]), counted as detached until it is: the gauges are
+/// settled when this is dropped, whether the job ran or was dropped unrun
+/// at shutdown.
+struct Freeing<K: Key, V: Spill> {
+    inner: Arc<Inner<K, V>>,
+    value: Option<Arc<V>>,
+    weight: usize,
+}
+
+impl<K: Key, V: Spill> Freeing<K, V> {
+    fn new(inner: Arc<Inner<K, V>>, value: Arc<V>, weight: usize) -> Self {
+        inner.g.apply_unsharded(Delta::freeing(weight));
+        Freeing {
+            inner,
+            value: Some(value),
+            weight,
+        }
+    }
+}
+
+impl<K: Key, V: Spill> Drop for Freeing<K, V> {
+    fn drop(&mut self) {
+        drop(self.value.take());
+        self.inner
+            .g
+            .apply_unsharded(Delta::freeing(self.weight).negate());
+        self.inner.wake_mem_waiters();
     }
 }
 

@@ -30,6 +30,12 @@ pub(crate) struct Gauges {
     pub reserved: AtomicUsize,
     /// Live keys.
     pub len: AtomicUsize,
+    /// Weight and number of detached values: no longer any entry's but
+    /// still held, by pins or IO jobs (see `entry::Detached`).
+    pub detached: AtomicUsize,
+    pub detached_count: AtomicUsize,
+    /// Of `detached`, the weight IO jobs hold (it falls on its own).
+    pub detached_io: AtomicUsize,
     /// Serialises prefetch admission (reading `resident` and taking a
     /// reservation) against a prefetched value moving from reserved to
     /// resident. Taken only inside a shard lock.
@@ -56,18 +62,39 @@ impl Gauges {
             // Written only under the shard lock: a load and a store.
             let p = pinned.load(Relaxed) as isize + d.pinned;
             pinned.store(p as usize, Relaxed);
+            // A pin or unpin of a resident value (the hit path) moves
+            // nothing else.
+            if (Delta { pinned: 0, ..d }) == Delta::ZERO {
+                return;
+            }
         }
         // A prefetched value moves from reserved to resident in one step
         // as `admit` sees it: resident first, under the admission lock, or
         // a concurrent prefetch could find the room it held free for a
         // moment and take it too.
         let _admission = (d.reserved != 0).then(|| self.admission.lock());
+        self.shift_all(d);
+    }
+
+    /// Apply changes that no shard made (a value handed to the pool to be
+    /// freed, and freed); they never touch a shard's pinned weight.
+    pub(crate) fn apply_unsharded(&self, d: Delta) {
+        debug_assert_eq!(d.pinned, 0, "pins are counted per shard");
+        debug_assert_eq!(d.reserved, 0, "reservations move under a shard lock");
+        self.shift_all(d);
+    }
+
+    #[inline]
+    fn shift_all(&self, d: Delta) {
         shift(&self.resident, d.resident);
         shift(&self.resident_count, d.count);
         shift(&self.spilling, d.spilling);
         shift(&self.pinned_spilling, d.pinned_spilling);
         shift(&self.reserved, d.reserved);
         shift(&self.len, d.len);
+        shift(&self.detached, d.detached);
+        shift(&self.detached_count, d.detached_count);
+        shift(&self.detached_io, d.detached_io);
     }
 
     /// Reserve `w` bytes for a prefetch if unpinned resident bytes plus
@@ -115,8 +142,10 @@ impl<K: Key, V: Spill> Inner<K, V> {
         self.shards.iter().map(|s| s.pinned.load(Relaxed)).sum()
     }
 
+    /// Every value the buffer holds counts against the limit: resident
+    /// ones and detached ones (of removed or replaced keys, still held).
     fn under_limit(&self) -> bool {
-        self.g.resident.load(Relaxed) <= self.limit.load(Relaxed)
+        self.g.resident.load(Relaxed) + self.g.detached.load(Relaxed) <= self.limit.load(Relaxed)
     }
 
     /// Resolves once memory is within the limit. Waiters are served in
@@ -141,12 +170,13 @@ impl<K: Key, V: Spill> Inner<K, V> {
         let _ = rx.await;
     }
 
-    /// No write is in flight, so memory will not fall without the host
+    /// No write is in flight, nor any IO job holding a detached value (a
+    /// write or a free), so memory will not fall without the host
     /// acting (unpinning, removing): eviction has already queued every
     /// write it could, and the rest is pinned or failed to spill. Waiting
     /// would never end, so back-pressure is released instead.
     fn stalled(&self) -> bool {
-        self.g.spilling.load(Relaxed) == 0
+        self.g.spilling.load(Relaxed) == 0 && self.g.detached_io.load(Relaxed) == 0
     }
 
     /// Resolve the waiting `insert_async` calls, all of them in arrival

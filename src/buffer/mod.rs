@@ -40,6 +40,7 @@ use parking_lot::Mutex;
 pub use pinned::Pinned;
 use pinned::{PinOwner, Waiter};
 use read::Lookup;
+use std::borrow::Borrow;
 use std::fmt::{self, Debug};
 use std::hash::Hash;
 use std::path::PathBuf;
@@ -142,7 +143,11 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
         &self.handle.inner
     }
 
-    fn lookup(&self, key: &K, waiter: Option<Waiter<V>>) -> Lookup<V> {
+    fn lookup<Q>(&self, key: &Q, waiter: Option<Waiter<V>>) -> Lookup<K, V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         self.inner().lookup(key, waiter, &self.handle.owners)
     }
 
@@ -174,7 +179,14 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
     /// Pin `key`'s value, reading it back from disk on this thread if
     /// needed. Blocking: for async callers, use [`SpillBuffer::pin`].
     /// Concurrent readers of the same key share one read.
-    pub fn get(&self, key: &K) -> Result<Option<Pinned<V>>> {
+    ///
+    /// Like every lookup, it takes the key or any borrowed form of it
+    /// (`&str` for `String` keys, `&[T]` for `Vec<T>` keys).
+    pub fn get<Q>(&self, key: &Q) -> Result<Option<Pinned<V>>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         match self.lookup(key, None) {
             Lookup::Hit(p) => return Ok(Some(p)),
             Lookup::Missing => return Ok(None),
@@ -185,7 +197,7 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
             Lookup::Hit(p) => return Ok(Some(p)),
             Lookup::Missing | Lookup::NotResident => return Ok(None),
             Lookup::Joined => {}
-            Lookup::Read { version, loc } => self.inner().unspill(key.clone(), version, loc),
+            Lookup::Read { key, version, loc } => self.inner().unspill(key, version, loc),
         }
         rx.recv().unwrap_or_else(|_| inner::closed())
     }
@@ -193,7 +205,11 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
     /// Pin `key`'s value. Never blocks the caller: a value on disk is read
     /// back on the IO pool, and concurrent pins of one key share that read.
     /// Resolves to `None` if the key is absent (or removed meanwhile).
-    pub async fn pin(&self, key: &K) -> Result<Option<Pinned<V>>> {
+    pub async fn pin<Q>(&self, key: &Q) -> Result<Option<Pinned<V>>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         match self.lookup(key, None) {
             Lookup::Hit(p) => return Ok(Some(p)),
             Lookup::Missing => return Ok(None),
@@ -204,13 +220,17 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
             Lookup::Hit(p) => return Ok(Some(p)),
             Lookup::Missing | Lookup::NotResident => return Ok(None),
             Lookup::Joined => {}
-            Lookup::Read { version, loc } => self.inner().start_read(key.clone(), version, loc),
+            Lookup::Read { key, version, loc } => self.inner().start_read(key, version, loc),
         }
         rx.await.unwrap_or_else(|_| inner::closed())
     }
 
     /// Pin `key`'s value if it is in memory; never waits.
-    pub fn try_pin(&self, key: &K) -> Option<Pinned<V>> {
+    pub fn try_pin<Q>(&self, key: &Q) -> Option<Pinned<V>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         match self.lookup(key, None) {
             Lookup::Hit(p) => Some(p),
             _ => None,
@@ -232,8 +252,74 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
     /// Remove `key`, freeing its memory and disk space; pending IO for it is
     /// cancelled or discarded. Returns whether the key was present.
     /// Existing [`Pinned`] guards keep the old value alive.
-    pub fn remove(&self, key: &K) -> bool {
-        self.inner().remove(key)
+    pub fn remove<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.inner().remove(key, None)
+    }
+
+    /// Remove `key` and hand its value back; `None` if the key is absent.
+    /// A value on disk is read back on the IO pool first, never on the
+    /// caller's thread; if that read fails, the error is returned and the
+    /// key stays (nothing is lost).
+    ///
+    /// The value comes back as an `Arc`, without a copy: other holders may
+    /// still share it — a [`Pinned`] guard of the key (which keeps reading
+    /// the old value), or a write of it still in flight. When none does,
+    /// which is the usual case, `Arc::try_unwrap` gives the value itself;
+    /// otherwise clone it, or wait for the other holders to go. (A take
+    /// that returned `V` would have to fail or copy in that case.)
+    ///
+    /// If another thread replaces the key while its value is being read
+    /// back, the new value is taken instead; if another thread removes it,
+    /// the take finds it absent.
+    pub async fn take<Q>(&self, key: &Q) -> Result<Option<Arc<V>>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        loop {
+            let Some(pin) = self.pin(key).await? else {
+                return Ok(None);
+            };
+            if let Some(value) = self.take_pinned(key, pin) {
+                return Ok(Some(value));
+            }
+        }
+    }
+
+    /// [`SpillBuffer::take`] for blocking callers: a value on disk is read
+    /// back on this thread, as [`SpillBuffer::get`] does.
+    pub fn take_blocking<Q>(&self, key: &Q) -> Result<Option<Arc<V>>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        loop {
+            let Some(pin) = self.get(key)? else {
+                return Ok(None);
+            };
+            if let Some(value) = self.take_pinned(key, pin) {
+                return Ok(Some(value));
+            }
+        }
+    }
+
+    /// Remove `key` if it still holds the value `pin` holds, and hand that
+    /// value back; `None` if it was replaced meanwhile.
+    fn take_pinned<Q>(&self, key: &Q, pin: Pinned<V>) -> Option<Arc<V>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let value = Arc::clone(pin.value());
+        let removed = self.inner().remove(key, Some(pin.version()));
+        // The pin goes after the entry: the value is the caller's now, not
+        // a detached value of the buffer's.
+        drop(pin);
+        removed.then_some(value)
     }
 
     /// Evict at least `bytes` of unpinned values now (consumed ones first,
@@ -269,7 +355,11 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
     }
 
     /// Is `key` present (in either tier)?
-    pub fn contains_key(&self, key: &K) -> bool {
+    pub fn contains_key<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         let inner = self.inner();
         inner.with_shard(inner.shard_of(key), |shard| shard.contains(key))
     }

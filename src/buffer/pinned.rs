@@ -95,6 +95,11 @@ impl<V> Pinned<V> {
     pub fn value(&self) -> &Arc<V> {
         self.arc()
     }
+
+    /// The version of the entry this pin was made for.
+    pub(crate) fn version(&self) -> u64 {
+        self.at.version
+    }
 }
 
 impl<V> Deref for Pinned<V> {

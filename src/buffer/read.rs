@@ -13,19 +13,22 @@ use crate::io::Priority;
 use crate::metrics::Metrics;
 use crate::store::DiskLoc;
 use crate::value::Spill;
+use std::borrow::Borrow;
+use std::hash::Hash;
 use std::sync::Arc;
 use std::time::Instant;
 
 /// What a lookup for a read found.
-pub(crate) enum Lookup<V> {
+pub(crate) enum Lookup<K, V> {
     Missing,
     Hit(Pinned<V>),
     /// Not in memory and no waiter was given.
     NotResident,
     /// A read is in flight; the waiter was queued on it.
     Joined,
-    /// The caller must run (or queue) the read at `loc`.
+    /// The caller must run (or queue) the read of `key` at `loc`.
     Read {
+        key: K,
         version: u64,
         loc: DiskLoc,
     },
@@ -34,12 +37,16 @@ pub(crate) enum Lookup<V> {
 impl<K: Key, V: Spill> Inner<K, V> {
     /// Find `key` for a read. With a waiter, a value on disk gets a read
     /// started or joined; without one, only a memory hit pins.
-    pub(crate) fn lookup(
+    pub(crate) fn lookup<Q>(
         &self,
-        key: &K,
+        key: &Q,
         waiter: Option<Waiter<V>>,
         owners: &[Arc<dyn PinOwner<V>>],
-    ) -> Lookup<V> {
+    ) -> Lookup<K, V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         let hash = self.hasher.of(key);
         let s = self.shard_of_hash(hash);
         match self.with_shard(s, |shard| shard.lookup(hash, key, waiter)) {
@@ -51,7 +58,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
             Found::Missing => Lookup::Missing,
             Found::NotResident => Lookup::NotResident,
             Found::Joined => Lookup::Joined,
-            Found::Read { version, loc } => Lookup::Read { version, loc },
+            Found::Read { key, version, loc } => Lookup::Read { key, version, loc },
         }
     }
 

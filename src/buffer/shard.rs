@@ -9,7 +9,7 @@
 //! lock is released: values to drop, a write to queue, a record to
 //! release, waiters to answer. The buffer acts on it (`Inner::act`).
 
-use crate::buffer::entry::{Delta, Evicted, ListKind, Node, State, Unpinned};
+use crate::buffer::entry::{Delta, Detached, Evicted, ListKind, Node, Removed, State, Unpinned};
 use crate::buffer::hash::KeyHash;
 use crate::buffer::lru::{Lists, Slab};
 use crate::buffer::pinned::Waiter;
@@ -18,6 +18,8 @@ use crate::buffer::write::SpillJob;
 use crate::store::compact::Relocated;
 use crate::store::DiskLoc;
 use hashbrown::HashTable;
+use std::borrow::Borrow;
+use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::Arc;
 
@@ -62,7 +64,7 @@ impl<K, V> Default for After<K, V> {
 }
 
 /// What a lookup for a read found.
-pub(crate) enum Found<V> {
+pub(crate) enum Found<K, V> {
     Missing,
     /// In memory: pinned for the caller.
     Hit {
@@ -74,8 +76,11 @@ pub(crate) enum Found<V> {
     NotResident,
     /// A read is in flight; the waiter was queued on it.
     Joined,
-    /// The caller must run (or queue) the read at `loc`.
+    /// The caller must run (or queue) the read of `key`'s record at `loc`.
+    /// The key is the entry's own (the lookup may have used a borrowed
+    /// form of it).
     Read {
+        key: K,
         version: u64,
         loc: DiskLoc,
     },
@@ -89,6 +94,9 @@ pub(crate) struct Shard<K, V> {
     slab: Slab<K, V>,
     free: Vec<u32>,
     lists: Lists,
+    /// Values of removed or replaced entries that pins or writes still
+    /// hold, by their entry's version (which pins and write jobs carry).
+    detached: HashMap<u64, Detached<V>>,
     /// Gauge changes made since the last [`Shard::take_delta`].
     delta: Delta,
 }
@@ -103,6 +111,7 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
             slab: Vec::new(),
             free: Vec::new(),
             lists: Lists::new(),
+            detached: HashMap::new(),
             delta: Delta::ZERO,
         }
     }
@@ -114,21 +123,38 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
 
     // ----- the index ----------------------------------------------------
 
-    pub(crate) fn find(&self, key: &K) -> Option<u32> {
+    /// The slot of `key`, or of any borrowed form of it: `K: Borrow<Q>`
+    /// promises that `Q` hashes and compares as `K` does, and the key hash
+    /// hashes through `Hash`, so both find the same slot.
+    pub(crate) fn find<Q>(&self, key: &Q) -> Option<u32>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         self.find_hashed(self.hash.of(key), key)
     }
 
     /// [`Shard::find`] for a key whose hash the caller already has.
-    pub(crate) fn find_hashed(&self, hash: u64, key: &K) -> Option<u32> {
+    pub(crate) fn find_hashed<Q>(&self, hash: u64, key: &Q) -> Option<u32>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         let slab = &self.slab;
         self.map
             .find(hash, |&i| {
-                slab[i as usize].as_ref().is_some_and(|n| n.key == *key)
+                slab[i as usize]
+                    .as_ref()
+                    .is_some_and(|n| n.key.borrow() == key)
             })
             .copied()
     }
 
-    pub(crate) fn contains(&self, key: &K) -> bool {
+    pub(crate) fn contains<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         self.find(key).is_some()
     }
 
@@ -188,8 +214,9 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         idx
     }
 
-    /// Take a node out entirely, with the gauge changes of its removal.
-    fn take(&mut self, idx: u32) -> Node<K, V> {
+    /// Take a node out entirely, with the gauge changes of its removal. A
+    /// value still held by pins or a write is kept as detached.
+    fn take(&mut self, idx: u32) -> Removed<V> {
         self.lists.unlink(&mut self.slab, idx);
         let hash = self.hash.of(&self.node(idx).key);
         match self.map.find_entry(hash, |&i| i == idx) {
@@ -198,9 +225,35 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         }
         let node = self.slab[idx as usize].take().expect("live slot");
         self.free.push(idx);
-        let d = node.removed();
+        let version = node.version;
+        let (mut removed, d) = node.removed();
         self.add(d);
-        node
+        if let Some(det) = removed.detached.take() {
+            self.detached.insert(version, det);
+        }
+        removed
+    }
+
+    /// Values of removed or replaced entries still held, by version.
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn detached(&self) -> impl Iterator<Item = (u64, &Detached<V>)> {
+        self.detached.iter().map(|(v, d)| (*v, d))
+    }
+
+    /// A holder of the detached value of `version` let go (`f` says
+    /// how); returns the value to drop if that was the last one.
+    fn release_detached(
+        &mut self,
+        version: u64,
+        f: impl FnOnce(&mut Detached<V>) -> (Option<Arc<V>>, Delta),
+    ) -> Option<Arc<V>> {
+        let det = self.detached.get_mut(&version)?;
+        let (value, d) = f(det);
+        self.add(d);
+        if value.is_some() {
+            self.detached.remove(&version);
+        }
+        value
     }
 
     // ----- the LRU lists --------------------------------------------------
@@ -234,7 +287,11 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
 
     /// Find `key` for a read. A value in memory is pinned; with a waiter,
     /// a value on disk gets a read started or joined.
-    pub(crate) fn lookup(&mut self, hash: u64, key: &K, waiter: Option<Waiter<V>>) -> Found<V> {
+    pub(crate) fn lookup<Q>(&mut self, hash: u64, key: &Q, waiter: Option<Waiter<V>>) -> Found<K, V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         let Some(idx) = self.find_hashed(hash, key) else {
             return Found::Missing;
         };
@@ -255,7 +312,11 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
             return Found::NotResident;
         };
         match n.start_read(w) {
-            Ok(Some(loc)) => Found::Read { version, loc },
+            Ok(Some(loc)) => Found::Read {
+                key: self.node(idx).key.clone(),
+                version,
+                loc,
+            },
             Ok(None) => Found::Joined,
             Err(_) => Found::NotResident,
         }
@@ -281,7 +342,12 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
             self.link_front(idx, ListKind::Dirty, tick());
         }
         if let Some(old) = old {
-            let (disk, old_value, waiters) = old.into_parts();
+            let Removed {
+                disk,
+                drop: old_value,
+                waiters,
+                ..
+            } = old;
             (after.release, after.drop) = (disk, old_value);
             if !waiters.is_empty() {
                 for _ in 0..waiters.len() {
@@ -309,9 +375,23 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
 
     /// Remove `key`: its value to drop, its record to release, its readers
     /// told it is gone.
-    pub(crate) fn remove(&mut self, key: &K) -> Option<After<K, V>> {
+    /// With `version`, only if the entry still holds that version (not
+    /// replaced since).
+    pub(crate) fn remove<Q>(&mut self, key: &Q, version: Option<u64>) -> Option<After<K, V>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         let idx = self.find(key)?;
-        let (disk, value, waiters) = self.take(idx).into_parts();
+        if version.is_some_and(|v| v != self.node(idx).version) {
+            return None;
+        }
+        let Removed {
+            disk,
+            drop: value,
+            waiters,
+            ..
+        } = self.take(idx);
         Some(After {
             drop: value,
             release: disk,
@@ -355,8 +435,10 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         Some((w, after))
     }
 
-    /// One pin of slot `idx` (of `version`) released. Returns the value
-    /// if the entry dropped it (a clean eviction).
+    /// One pin of slot `idx` (of `version`) released. Returns a value to
+    /// drop: one the entry dropped (a clean eviction: `true`), or the
+    /// value of a removed or replaced entry that this pin was the last to
+    /// hold (`false`).
     pub(crate) fn unpin(
         &mut self,
         idx: u32,
@@ -364,16 +446,19 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         consume: bool,
         target: usize,
         tick: impl FnOnce() -> u64,
-    ) -> Option<Arc<V>> {
-        let n = self.slab.get_mut(idx as usize)?.as_mut()?;
-        if n.version != version {
-            return None;
-        }
+    ) -> Option<(Arc<V>, bool)> {
+        let n = match self.slab.get_mut(idx as usize) {
+            Some(Some(n)) if n.version == version => n,
+            _ => {
+                let value = self.release_detached(version, Detached::unpin)?;
+                return Some((value, false));
+            }
+        };
         let (next, d) = n.unpin(consume, target);
         self.add(d);
         match next {
             Unpinned::Nothing => None,
-            Unpinned::Freed(value) => Some(value),
+            Unpinned::Freed(value) => Some((value, true)),
             Unpinned::Link {
                 kind,
                 first_out: true,
@@ -390,9 +475,12 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
 
     /// One more pin of slot `idx` (a guard cloned).
     pub(crate) fn repin(&mut self, idx: u32, version: u64) {
-        if let Some(n) = self.slab.get_mut(idx as usize).and_then(|n| n.as_mut()) {
-            if n.version == version {
-                n.repin();
+        match self.slab.get_mut(idx as usize) {
+            Some(Some(n)) if n.version == version => n.repin(),
+            _ => {
+                if let Some(det) = self.detached.get_mut(&version) {
+                    det.repin();
+                }
             }
         }
     }
@@ -406,9 +494,11 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         loc: DiskLoc,
     ) -> (After<K, V>, bool) {
         let Some(idx) = self.find_version(key, version) else {
-            // Removed or replaced meanwhile: the record is dead.
+            // Removed or replaced meanwhile: the record is dead, and the
+            // write no longer holds the value.
             let after = After {
                 release: Some(loc),
+                drop: self.release_detached(version, Detached::write_ended),
                 ..After::default()
             };
             return (after, false);
@@ -424,10 +514,17 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
     }
 
     /// `key`'s write failed: the value stays, relinked as most recently
-    /// used at `tick()` so that the next eviction tries another one.
-    pub(crate) fn spill_failed(&mut self, key: &K, version: u64, tick: impl FnOnce() -> u64) {
+    /// used at `tick()` so that the next eviction tries another one. If
+    /// the entry was removed or replaced meanwhile, returns its value when
+    /// the write was its last holder (to drop after unlocking).
+    pub(crate) fn spill_failed(
+        &mut self,
+        key: &K,
+        version: u64,
+        tick: impl FnOnce() -> u64,
+    ) -> Option<Arc<V>> {
         let Some(idx) = self.find_version(key, version) else {
-            return;
+            return self.release_detached(version, Detached::write_ended);
         };
         let n = self.node_mut(idx);
         let d = n.spill_failed();
@@ -436,6 +533,18 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         if unpinned {
             self.link_front(idx, ListKind::Dirty, tick());
         }
+        None
+    }
+
+    /// Is the write of `key` at `version` still wanted (the entry not
+    /// removed or replaced since it was queued)? If not, the job is about
+    /// to drop its value without writing: it no longer holds it, and the
+    /// value is returned when that was its last holder.
+    pub(crate) fn write_wanted(&mut self, key: &K, version: u64) -> (bool, Option<Arc<V>>) {
+        if self.find_version(key, version).is_some() {
+            return (true, None);
+        }
+        (false, self.release_detached(version, Detached::write_ended))
     }
 
     /// Start a prefetch of `key` if it is on disk, was not consumed since

@@ -16,6 +16,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
         self.pool.wait_idle_blocking();
         let (mut resident, mut count, mut spilling, mut pinned, mut len) = (0, 0, 0, 0, 0);
         let mut pinned_spilling = 0;
+        let (mut detached, mut detached_count) = (0, 0);
         let mut disk_records = 0u64;
         // (key, record, state) of every entry with a disk copy, checked
         // against the store after the shard lock is released: one lock at
@@ -32,6 +33,20 @@ impl<K: Key, V: Spill> Inner<K, V> {
                 }
             }
             len += shard.len();
+            // With the pool idle no write or free holds a detached value:
+            // only pins of removed or replaced keys keep one alive.
+            for (version, d) in shard.detached() {
+                if d.writing() || d.pins() == 0 {
+                    return Err(format!(
+                        "shard {s}: detached value of version {version} held by {} pins, \
+                         writing {} with the pool idle",
+                        d.pins(),
+                        d.writing()
+                    ));
+                }
+                detached += d.weight();
+                detached_count += 1;
+            }
             let shard_pinned: usize = shard
                 .nodes()
                 .filter(|(_, n)| n.pins() > 0)
@@ -95,6 +110,14 @@ impl<K: Key, V: Spill> Inner<K, V> {
             // no prefetch holds a reservation.
             ("reserved", 0, g.reserved.load(Relaxed)),
             ("len", len, g.len.load(Relaxed)),
+            ("detached", detached, g.detached.load(Relaxed)),
+            (
+                "detached_count",
+                detached_count,
+                g.detached_count.load(Relaxed),
+            ),
+            // With the pool idle no job holds anything.
+            ("detached_io", 0, g.detached_io.load(Relaxed)),
         ];
         for (name, counted, gauge) in checks {
             if counted != gauge {

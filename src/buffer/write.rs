@@ -38,11 +38,9 @@ impl<K: Key, V: Spill> Inner<K, V> {
     }
 
     /// Is `key` still at `version` (not removed or replaced since its
-    /// write was queued)?
+    /// write was queued)? If not, the caller must drop the job unwritten.
     fn still_live(&self, key: &K, version: u64) -> bool {
-        self.with_shard(self.shard_of(key), |shard| {
-            shard.find_version(key, version).is_some()
-        })
+        self.write_wanted(key, version)
     }
 
     /// Write out everything queued: large values one by one, small ones

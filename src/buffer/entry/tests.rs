@@ -28,7 +28,7 @@ fn insert_evict_write_and_read_back_balance_the_gauges() {
     let (waiters, prefetch, d3) = n.read_done(Some(Arc::new(7)));
     assert_eq!((waiters.len(), prefetch), (1, false));
     assert_eq!(n.state().name(), "resident-clean");
-    let d4 = n.removed();
+    let (_, d4) = n.removed();
     let sum = [d1, d2, d3, d4].into_iter().fold(d0, Delta::plus);
     assert_eq!(sum, Delta::ZERO, "every gauge back to zero");
 }
@@ -125,4 +125,33 @@ fn relocation_follows_only_the_owned_record() {
 fn an_entry_stays_within_88_bytes() {
     assert!(std::mem::size_of::<State<Vec<f64>>>() <= 40);
     assert!(std::mem::size_of::<Option<Node<u64, Vec<f64>>>>() <= 88);
+}
+
+#[test]
+fn a_removed_value_still_held_stays_counted_until_its_holders_go() {
+    // Pinned and being written: detached, held by both.
+    let (mut n, d0) = Node::<u32, u32>::inserted(1, Arc::new(7), 6, 1, false);
+    let (_, d1) = n.evict().unwrap();
+    let d2 = n.pin();
+    let (removed, d3) = n.removed();
+    assert!(removed.drop.is_none());
+    let mut det = removed.detached.expect("held by a pin and a write");
+    assert_eq!(
+        (d3.resident, d3.detached, d3.detached_count, d3.detached_io),
+        (-6, 6, 1, 6)
+    );
+    let (gone, d4) = det.write_ended();
+    assert!(gone.is_none(), "the pin still holds it");
+    assert_eq!((d4.detached, d4.detached_io), (0, -6));
+    det.repin();
+    assert!(det.unpin().0.is_none());
+    let (gone, d5) = det.unpin();
+    assert_eq!(gone.as_deref(), Some(&7));
+    let sum = [d1, d2, d3, d4, d5].into_iter().fold(d0, Delta::plus);
+    assert_eq!(sum, Delta::ZERO, "every gauge back to zero");
+
+    // Unpinned and resident: nothing holds it, it is dropped at once.
+    let (removed, d) = dirty(3).removed();
+    assert!(removed.drop.is_some() && removed.detached.is_none());
+    assert_eq!((d.resident, d.detached), (-3, 0));
 }

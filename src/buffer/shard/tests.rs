@@ -68,7 +68,7 @@ fn eviction_writes_dirty_and_drops_clean_and_a_late_write_is_released() {
     let (after, kept) = s.spill_done(&1, job.version, loc);
     assert!(after.drop.is_some() && !kept);
     // A write finishing for a removed entry frees its record.
-    let removed = s.remove(&2).unwrap();
+    let removed = s.remove(&2, None).unwrap();
     assert!(removed.drop.is_some());
     let (after, _) = s.spill_done(&2, 2, loc);
     assert_eq!(after.release, Some(loc));
