@@ -53,7 +53,7 @@ mod value;
 
 pub use buffer::{Key, Pinned, SpillBuffer};
 pub use config::Builder;
-pub use error::{BoxError, Error, Result, SharedError};
+pub use error::{BoxError, Error, InsertError, Result, SharedError, SpillFailure};
 pub use metrics::Stats;
 pub use store::codec::Compression;
 pub use store::storage::{FsStorage, SegmentFile, Storage};

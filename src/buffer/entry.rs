@@ -93,6 +93,8 @@ pub(crate) struct Delta {
     pub reserved: isize,
     /// Live keys.
     pub len: isize,
+    /// Weight of values set aside after their encode failed.
+    pub set_aside: isize,
 }
 
 impl Delta {
@@ -104,6 +106,7 @@ impl Delta {
         pinned_spilling: 0,
         reserved: 0,
         len: 0,
+        set_aside: 0,
     };
 
     /// Both changes together.
@@ -116,6 +119,7 @@ impl Delta {
             pinned_spilling: self.pinned_spilling + o.pinned_spilling,
             reserved: self.reserved + o.reserved,
             len: self.len + o.len,
+            set_aside: self.set_aside + o.set_aside,
         }
     }
 
@@ -162,6 +166,9 @@ pub(crate) struct Node<K, V> {
     pins: u32,
     /// The host consumed it: when the last pin goes, it is first in line.
     consumed: bool,
+    /// Its encode failed: resident-dirty but on no list, so eviction does
+    /// not try it again until the host asks (`retry_spill`) or replaces it.
+    set_aside: bool,
     pub(super) tick: u64,
     pub(super) prev: u32,
     pub(super) next: u32,
@@ -222,6 +229,7 @@ impl<K, V> Node<K, V> {
             version,
             pins: 0,
             consumed: false,
+            set_aside: false,
             tick: 0,
             prev: NIL,
             next: NIL,
@@ -242,6 +250,10 @@ impl<K, V> Node<K, V> {
         self.consumed
     }
 
+    pub(crate) fn set_aside(&self) -> bool {
+        self.set_aside
+    }
+
     fn w(&self) -> isize {
         self.weight as isize
     }
@@ -255,7 +267,9 @@ impl<K, V> Node<K, V> {
     pub(crate) fn wanted_list(&self) -> Option<ListKind> {
         match &self.state {
             State::Resident { disk: Some(_), .. } if self.pins == 0 => Some(ListKind::Clean),
-            State::Resident { disk: None, .. } if self.pins == 0 => Some(ListKind::Dirty),
+            State::Resident { disk: None, .. } if self.pins == 0 && !self.set_aside => {
+                Some(ListKind::Dirty)
+            }
             _ => None,
         }
     }
@@ -314,6 +328,8 @@ impl<K, V> Node<K, V> {
                 let (value, d) = self.drop_clean(*loc);
                 return (Unpinned::Freed(value), unpinned.plus(d));
             }
+            // Set aside: on no list until retried.
+            State::Resident { disk: None, .. } if self.set_aside => Unpinned::Nothing,
             State::Resident { disk, .. } => Unpinned::Link {
                 kind: if disk.is_some() {
                     ListKind::Clean
@@ -388,8 +404,10 @@ impl<K, V> Node<K, V> {
     }
 
     /// Its write failed: spilling → resident-dirty, the value kept. The
-    /// caller relinks it as most recently used when unpinned.
-    pub(crate) fn spill_failed(&mut self) -> Delta {
+    /// caller relinks it as most recently used when unpinned, unless it is
+    /// `set_aside` (its encode failed: trying it again cannot succeed
+    /// until the value or the host's codec changes).
+    pub(crate) fn spill_failed(&mut self, set_aside: bool) -> Delta {
         let State::Spilling { value } = &self.state else {
             return Delta::ZERO;
         };
@@ -397,11 +415,27 @@ impl<K, V> Node<K, V> {
             value: Arc::clone(value),
             disk: None,
         };
+        self.set_aside = set_aside;
         Delta {
             spilling: -self.w(),
             pinned_spilling: if self.pins > 0 { -self.w() } else { 0 },
+            set_aside: if set_aside { self.w() } else { 0 },
             ..Delta::ZERO
         }
+    }
+
+    /// A set-aside entry becomes a candidate for eviction again. Returns
+    /// whether it was set aside; the caller links it when unpinned.
+    pub(crate) fn retry_spill(&mut self) -> (bool, Delta) {
+        if !self.set_aside {
+            return (false, Delta::ZERO);
+        }
+        self.set_aside = false;
+        let d = Delta {
+            set_aside: -self.w(),
+            ..Delta::ZERO
+        };
+        (true, d)
     }
 
     /// A demand read: on-disk → unspilling with `waiter`, returning the
@@ -502,6 +536,7 @@ impl<K, V> Node<K, V> {
         let w = self.w();
         let mut d = Delta {
             len: -1,
+            set_aside: if self.set_aside { -w } else { 0 },
             ..Delta::ZERO
         };
         match &self.state {

@@ -172,6 +172,11 @@ impl Backoff {
         self.until_ns.store(self.now_ns() + step, Relaxed);
     }
 
+    /// Did the last write fail (no success since)?
+    pub(crate) fn failing(&self) -> bool {
+        self.step_ns.load(Relaxed) != 0
+    }
+
     pub(crate) fn success(&self) {
         if self.until_ns.load(Relaxed) != 0 {
             self.step_ns.store(0, Relaxed);

@@ -30,6 +30,9 @@ pub(crate) struct Gauges {
     pub reserved: AtomicUsize,
     /// Live keys.
     pub len: AtomicUsize,
+    /// Weight of values set aside after their encode failed (resident,
+    /// on no list).
+    pub set_aside: AtomicUsize,
     /// Serialises prefetch admission (reading `resident` and taking a
     /// reservation) against a prefetched value moving from reserved to
     /// resident. Taken only inside a shard lock.
@@ -68,6 +71,7 @@ impl Gauges {
         shift(&self.pinned_spilling, d.pinned_spilling);
         shift(&self.reserved, d.reserved);
         shift(&self.len, d.len);
+        shift(&self.set_aside, d.set_aside);
     }
 
     /// Reserve `w` bytes for a prefetch if unpinned resident bytes plus
