@@ -269,6 +269,45 @@ mod tests {
     }
 
     #[test]
+    fn memory_limit_names_its_cause_and_insert_error_gives_the_value_back() {
+        let full = Error::io(
+            "write record",
+            "/spill/spillbuffer-1-00000000000000aa/seg-3",
+            std::io::Error::from_raw_os_error(28),
+        );
+        assert!(full.is_disk_full());
+        let e = InsertError {
+            key: 7u64,
+            value: vec![1u8, 2, 3],
+            error: Error::MemoryLimit {
+                memory: 9000,
+                limit: 8000,
+                cause: Box::new(full),
+            },
+        };
+        let text = e.to_string();
+        assert!(text.contains("key 7 not inserted"), "{text}");
+        assert!(text.contains("memory_limit"), "{text}");
+        assert!(text.contains("spillbuffer-1-00000000000000aa"), "{text}");
+        assert!(e.cause().is_disk_full() && e.error.is_disk_full());
+        let source = e.source().and_then(|s| s.source()).map(|s| s.to_string());
+        assert!(source.is_some_and(|s| s.contains("seg-3")));
+        let debug = format!("{e:?}");
+        assert!(
+            debug.contains("key: 7") && !debug.contains("[1, 2, 3]"),
+            "{debug}"
+        );
+        assert_eq!(e.into_inner(), (7, vec![1, 2, 3]));
+        let budget = Error::DiskBudget {
+            budget: 1000,
+            used: 0,
+            record: 4155,
+        };
+        assert!(!budget.is_disk_full());
+        assert!(matches!(budget.cause(), Error::DiskBudget { .. }));
+    }
+
+    #[test]
     fn corrupt_names_key_and_file() {
         let e = Error::Corrupt {
             key: "\"k1\"".into(),

@@ -8,6 +8,8 @@
 //! - [`evict`], [`write`], [`read`], [`memory`]: eviction order and
 //!   back-off, the write path, the read path and prefetch, the gauges and
 //!   back-pressure;
+//! - [`failure`]: spill failures by cause, the last one, and when
+//!   `insert_async` refuses a value;
 //! - [`pinned`]: the [`Pinned`] guard; [`tick`], [`way`], [`hash`]: LRU
 //!   clocks, per-thread ways, key hashing.
 

@@ -2,7 +2,7 @@
 //! drained by a job on the IO pool; large values are written one job each,
 //! small ones packed together ([`Store::put_batch`](crate::store::Store)).
 //! Each outcome is applied to its entry (spill done or failed) under the
-//! entry's shard lock.
+//! entry's shard lock; a failure goes to [`super::failure`].
 
 use super::inner::Inner;
 use super::Key;
