@@ -435,3 +435,61 @@ async fn retry_spills_ends_the_back_off_when_the_disk_is_fixed() {
     b.validate().unwrap();
     all_read_back(&b, &model).await;
 }
+
+/// Pins are the host's working set, not a spill failure: with a write
+/// failure on record, a value is still admitted while only pins keep
+/// memory over the limit, and refused (naming the write failure) once the
+/// unpinned values the disk cannot take pass the target.
+#[tokio::test(flavor = "current_thread")]
+async fn pins_over_the_limit_are_not_refused_for_an_old_failure() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (target, limit) = (4 * W, 4 * W);
+    let (b, storage) = build::<Vec<u8>>(tmp.path(), target, limit, None);
+    storage.faults().fail_all_writes(WriteFault::Error);
+    let mut model = BTreeMap::new();
+    for k in 0..5u64 {
+        b.insert(k, value(k, W)).unwrap();
+        model.insert(k, value(k, W));
+    }
+    b.flush().await.unwrap();
+    assert!(b.stats().spill_errors_io_total > 0, "a write failed");
+    let pins: Vec<_> = (1..5u64).map(|k| b.try_pin(&k).unwrap()).collect();
+    // 5 values in memory, 4 of them pinned: over the limit, but what is
+    // unpinned is within the target.
+    within(
+        "insert_async over the limit by pins",
+        b.insert_async(10, value(10, W)),
+    )
+    .await
+    .unwrap();
+    model.insert(10, value(10, W));
+    let mut refused = None;
+    for k in 11..30u64 {
+        match within("insert_async", b.insert_async(k, value(k, W))).await {
+            Ok(()) => {
+                model.insert(k, value(k, W));
+            }
+            Err(e) => {
+                assert!(e.cause().is_io(), "{e}");
+                refused = Some(k);
+                break;
+            }
+        }
+    }
+    assert!(
+        refused.is_some(),
+        "refused once unpinned values pass the target"
+    );
+    let st = b.stats();
+    let pinned = (pins.len() * W) as u64;
+    assert!(
+        st.memory_bytes <= pinned + (target + W) as u64,
+        "pins + target + one value: {st:?}"
+    );
+    drop(pins);
+    storage.faults().clear();
+    b.retry_spills();
+    b.flush().await.unwrap();
+    b.validate().unwrap();
+    all_read_back(&b, &model).await;
+}

@@ -170,15 +170,24 @@ impl<K: Key, V: Spill> Inner<K, V> {
             };
         }
         let memory = self.g.resident.load(Relaxed);
-        if memory <= limit {
+        // Eviction is done with what it can do. What it could not evict
+        // (unpinned bytes over the target) is held by a failure: values
+        // set aside, or dirty values the write back-off keeps. With none,
+        // the host's pins are what keep memory over the limit.
+        let excess = self.over_target();
+        if memory <= limit || excess == 0 {
             return Admission::Admit;
         }
+        let set_aside = self.g.set_aside.load(Relaxed);
         let cause = {
             let log = self.failures.log.lock();
-            if self.backoff.failing() {
+            let failing = self.backoff.failing();
+            if failing && excess > set_aside {
                 log.write.clone()
-            } else if self.g.set_aside.load(Relaxed) > 0 {
+            } else if set_aside > 0 {
                 log.encode.clone()
+            } else if failing {
+                log.write.clone()
             } else {
                 None
             }
