@@ -71,7 +71,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         mib(s.disk_bytes),
         (s.disk_count * CHUNK_BYTES) as f64 / s.disk_bytes.max(1) as f64,
     );
-    println!("   IO time is summed over the {IO_THREADS} IO threads: it can exceed wall time.");
+    println!("   Thread time is summed over the {IO_THREADS} IO threads: it can exceed wall time;");
+    println!("   \"IO pool busy\" is wall time with at least one IO thread at work.");
     println!();
 
     // 2. Blocking reads of the first half: disk reads run on this thread.

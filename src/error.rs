@@ -67,6 +67,20 @@ pub enum Error {
         /// Size of the record that was refused.
         record: u64,
     },
+    /// Memory is over `memory_limit` and nothing can be spilled to bring it
+    /// down: [`crate::SpillBuffer::insert_async`] refused a value (see
+    /// [`InsertError`]). `cause` is the spill failure that stands in the way.
+    MemoryLimit {
+        /// Bytes of values held in memory when the value was refused.
+        memory: u64,
+        /// The `memory_limit` setting.
+        limit: u64,
+        /// Why nothing can be spilled: [`Error::Io`] (disk full, naming the
+        /// file and so the directory; or another I/O error),
+        /// [`Error::DiskBudget`] (`max_spill` reached) or [`Error::Encode`]
+        /// (values whose encode failed, naming the last key).
+        cause: Box<Error>,
+    },
     /// A builder setting is out of range.
     Config {
         /// The setting's name, as on the builder.
@@ -92,6 +106,24 @@ impl Error {
     pub fn is_io(&self) -> bool {
         matches!(self, Error::Io { .. })
     }
+
+    /// True for an I/O error that says the disk is full (`ENOSPC`), here or as the cause of an [`Error::MemoryLimit`].
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            Error::Io { source, .. } => source.kind() == std::io::ErrorKind::StorageFull,
+            Error::MemoryLimit { cause, .. } => cause.is_disk_full(),
+            _ => false,
+        }
+    }
+
+    /// The spill failure behind an [`Error::MemoryLimit`]; the error itself
+    /// otherwise.
+    pub fn cause(&self) -> &Error {
+        match self {
+            Error::MemoryLimit { cause, .. } => cause,
+            e => e,
+        }
+    }
 }
 
 impl fmt::Display for Error {
@@ -115,6 +147,14 @@ impl fmt::Display for Error {
                 f,
                 "disk budget reached: a {record}-byte record would pass max_spill = {budget} bytes ({used} in use)"
             ),
+            Error::MemoryLimit {
+                memory,
+                limit,
+                cause,
+            } => write!(
+                f,
+                "memory is over memory_limit ({memory} bytes held, limit {limit}) and nothing can be spilled: {cause}"
+            ),
             Error::Config { setting, detail } => write!(f, "invalid setting {setting}: {detail}"),
             Error::Closed => write!(f, "the spill buffer is shutting down"),
         }
@@ -126,8 +166,86 @@ impl std::error::Error for Error {
         match self {
             Error::Io { source, .. } => Some(&**source),
             Error::Encode { source, .. } | Error::Decode { source, .. } => Some(&**source),
+            Error::MemoryLimit { cause, .. } => Some(&**cause),
             _ => None,
         }
+    }
+}
+
+/// A value [`crate::SpillBuffer::insert_async`] refused, handed back with
+/// its key: memory is over `memory_limit` and nothing can be spilled.
+/// The buffer is as it was before the call (an older value of the key, if
+/// any, is still there); nothing is lost. The host can pause (retry later),
+/// shed the value, or fix the cause (free disk space, remove keys).
+///
+/// `error` is an [`Error::MemoryLimit`] whose `cause` says why nothing can
+/// be spilled. With `?` it converts into that [`Error`] (the value is then
+/// dropped); [`InsertError::into_inner`] gives the key and value back.
+pub struct InsertError<K, V> {
+    /// The key of the refused value.
+    pub key: K,
+    /// The refused value, untouched.
+    pub value: V,
+    /// Why: an [`Error::MemoryLimit`] naming the spill failure.
+    pub error: Error,
+}
+
+impl<K, V> InsertError<K, V> {
+    /// The key and the value, to retry or shed.
+    pub fn into_inner(self) -> (K, V) {
+        (self.key, self.value)
+    }
+
+    /// The spill failure that stands in the way: disk full or another I/O
+    /// error ([`Error::Io`]), `max_spill` reached ([`Error::DiskBudget`]),
+    /// or values whose encode failed ([`Error::Encode`]).
+    pub fn cause(&self) -> &Error {
+        self.error.cause()
+    }
+}
+
+impl<K: fmt::Debug, V> fmt::Debug for InsertError<K, V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InsertError")
+            .field("key", &self.key)
+            .field("error", &self.error)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K: fmt::Debug, V> fmt::Display for InsertError<K, V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "key {:?} not inserted: {}", self.key, self.error)
+    }
+}
+
+impl<K: fmt::Debug, V> std::error::Error for InsertError<K, V> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl<K, V> From<InsertError<K, V>> for Error {
+    fn from(e: InsertError<K, V>) -> Error {
+        e.error
+    }
+}
+
+/// A spill that failed, as [`crate::SpillBuffer::last_spill_error`]
+/// reports it: the key whose value stayed in memory, and why.
+#[derive(Debug, Clone)]
+pub struct SpillFailure<K> {
+    /// The key whose value could not be written (it stayed in memory).
+    pub key: K,
+    /// [`Error::Encode`] (the value's encode failed: it is set aside),
+    /// [`Error::DiskBudget`] (`max_spill` reached) or [`Error::Io`] (disk
+    /// full or another I/O error, naming the file).
+    pub error: Error,
+}
+
+impl<K: fmt::Debug> fmt::Display for SpillFailure<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "spill of key {:?} failed: {}", self.key, self.error)
     }
 }
 
@@ -148,6 +266,45 @@ mod tests {
         assert!(text.contains("create spill directory"), "{text}");
         assert!(e.source().is_some());
         assert!(e.is_io());
+    }
+
+    #[test]
+    fn memory_limit_names_its_cause_and_insert_error_gives_the_value_back() {
+        let full = Error::io(
+            "write record",
+            "/spill/spillbuffer-1-00000000000000aa/seg-3",
+            std::io::Error::from_raw_os_error(28),
+        );
+        assert!(full.is_disk_full());
+        let e = InsertError {
+            key: 7u64,
+            value: vec![1u8, 2, 3],
+            error: Error::MemoryLimit {
+                memory: 9000,
+                limit: 8000,
+                cause: Box::new(full),
+            },
+        };
+        let text = e.to_string();
+        assert!(text.contains("key 7 not inserted"), "{text}");
+        assert!(text.contains("memory_limit"), "{text}");
+        assert!(text.contains("spillbuffer-1-00000000000000aa"), "{text}");
+        assert!(e.cause().is_disk_full() && e.error.is_disk_full());
+        let source = e.source().and_then(|s| s.source()).map(|s| s.to_string());
+        assert!(source.is_some_and(|s| s.contains("seg-3")));
+        let debug = format!("{e:?}");
+        assert!(
+            debug.contains("key: 7") && !debug.contains("[1, 2, 3]"),
+            "{debug}"
+        );
+        assert_eq!(e.into_inner(), (7, vec![1, 2, 3]));
+        let budget = Error::DiskBudget {
+            budget: 1000,
+            used: 0,
+            record: 4155,
+        };
+        assert!(!budget.is_disk_full());
+        assert!(matches!(budget.cause(), Error::DiskBudget { .. }));
     }
 
     #[test]

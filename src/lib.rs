@@ -11,7 +11,12 @@
 //! # The calls
 //!
 //! - [`SpillBuffer::insert`] never waits; [`SpillBuffer::insert_async`]
-//!   waits while memory is over [`Builder::memory_limit`] (back-pressure).
+//!   waits while memory is over [`Builder::memory_limit`] (back-pressure),
+//!   and refuses the value, handing it back in an [`InsertError`] that
+//!   names the cause, when nothing can be spilled (disk full, `max_spill`
+//!   reached, values that cannot be encoded);
+//!   [`SpillBuffer::last_spill_error`] and [`SpillBuffer::retry_spills`]
+//!   go with it.
 //! - [`SpillBuffer::pin`] returns the value, reading it back on the IO pool
 //!   if it is on disk; [`SpillBuffer::try_pin`] returns it only if it is in
 //!   memory; [`SpillBuffer::get`] reads it on the caller's thread.
@@ -53,7 +58,7 @@ mod value;
 
 pub use buffer::{Key, Pinned, SpillBuffer};
 pub use config::Builder;
-pub use error::{BoxError, Error, Result, SharedError};
+pub use error::{BoxError, Error, InsertError, Result, SharedError, SpillFailure};
 pub use metrics::Stats;
 pub use store::codec::Compression;
 pub use store::storage::{FsStorage, SegmentFile, Storage};

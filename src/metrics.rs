@@ -27,6 +27,10 @@ pub struct Stats {
     pub detached_bytes: u64,
     /// Number of values `detached_bytes` covers.
     pub detached_count: u64,
+    /// Weight of the values set aside after their encode failed: kept in
+    /// memory and not tried again until replaced or
+    /// [`crate::SpillBuffer::retry_spills`].
+    pub set_aside_bytes: u64,
     /// Bytes of the live records on disk, as stored (after compression).
     pub disk_bytes: u64,
     /// Number of live records on disk.
@@ -44,16 +48,29 @@ pub struct Stats {
     /// Evictions that needed no write because a valid disk copy existed.
     pub clean_evictions_total: u64,
     /// Spills that failed (encode error, I/O error, disk budget); the value
-    /// stayed in memory.
+    /// stayed in memory. Counts attempts: a value that fails twice counts
+    /// twice. The sum of the three causes below.
     pub spill_errors_total: u64,
+    /// Of `spill_errors_total`, those whose [`crate::Spill::encode`] failed
+    /// (the value is set aside).
+    pub spill_errors_encode_total: u64,
+    /// Of `spill_errors_total`, those whose write failed (disk full or
+    /// another I/O error).
+    pub spill_errors_io_total: u64,
     /// Of `spill_errors_total`, those refused because of `max_spill`.
     pub spill_budget_refusals_total: u64,
     /// Records rewritten by compaction, over the buffer's life.
     pub compacted_count_total: u64,
-    /// Seconds the IO pool spent on spill jobs.
+    /// Seconds spent on spill jobs, summed over the IO threads: with two
+    /// threads writing at once it grows twice as fast as the clock.
     pub spill_seconds_total: f64,
-    /// Seconds spent reading records back (IO pool or blocking `get`).
+    /// Seconds spent reading records back (IO pool or blocking `get`),
+    /// summed over the threads doing it, like `spill_seconds_total`.
     pub unspill_seconds_total: f64,
+    /// Wall-clock seconds during which at least one IO thread was running a
+    /// job (any job: writes, reads, frees, compaction). At most the
+    /// buffer's age; its ratio to elapsed time is how busy the pool was.
+    pub io_busy_seconds_total: f64,
 }
 
 /// The counters behind the `*_total` fields of [`Stats`].
@@ -65,6 +82,8 @@ pub(crate) struct Metrics {
     pub unspill_count: AtomicU64,
     pub clean_evictions: AtomicU64,
     pub spill_errors: AtomicU64,
+    pub encode_errors: AtomicU64,
+    pub io_errors: AtomicU64,
     pub budget_refusals: AtomicU64,
     pub compacted: AtomicU64,
     pub spill_nanos: AtomicU64,
@@ -88,6 +107,8 @@ impl Metrics {
         stats.unspill_count_total = self.unspill_count.load(Relaxed);
         stats.clean_evictions_total = self.clean_evictions.load(Relaxed);
         stats.spill_errors_total = self.spill_errors.load(Relaxed);
+        stats.spill_errors_encode_total = self.encode_errors.load(Relaxed);
+        stats.spill_errors_io_total = self.io_errors.load(Relaxed);
         stats.spill_budget_refusals_total = self.budget_refusals.load(Relaxed);
         stats.compacted_count_total = self.compacted.load(Relaxed);
         stats.spill_seconds_total = self.spill_nanos.load(Relaxed) as f64 * 1e-9;
@@ -97,7 +118,8 @@ impl Metrics {
 
 /// Several lines, one per topic, each figure with its unit: bytes in binary
 /// units (KiB = 1024 B), counts with thousands separators, IO time in
-/// seconds summed over the IO threads (so it can exceed wall time).
+/// seconds: spill and read time summed over the threads (so it can exceed
+/// wall time), and the pool's wall-clock busy time.
 ///
 /// ```
 /// let stats = spillbuffer::Stats {
@@ -118,6 +140,13 @@ impl std::fmt::Display for Stats {
             Bytes(self.spilling_bytes),
             Bytes(self.detached_bytes),
         )?;
+        if self.set_aside_bytes > 0 {
+            writeln!(
+                f,
+                "set aside (encode failed, kept in memory): {}",
+                Bytes(self.set_aside_bytes),
+            )?;
+        }
         writeln!(
             f,
             "on disk: {} in {} records (after compression), files {}",
@@ -127,17 +156,22 @@ impl std::fmt::Display for Stats {
         )?;
         writeln!(
             f,
-            "spilled: {} in {} records, {} of IO-thread time",
+            "spilled: {} in {} records, {} of thread time",
             Bytes(self.spilled_bytes_total),
             Count(self.spill_count_total),
             Seconds(self.spill_seconds_total),
         )?;
         writeln!(
             f,
-            "read back: {} in {} records, {} of read time",
+            "read back: {} in {} records, {} of thread time",
             Bytes(self.unspilled_bytes_total),
             Count(self.unspill_count_total),
             Seconds(self.unspill_seconds_total),
+        )?;
+        writeln!(
+            f,
+            "IO pool busy: {} of wall time",
+            Seconds(self.io_busy_seconds_total),
         )?;
         writeln!(
             f,
@@ -147,8 +181,10 @@ impl std::fmt::Display for Stats {
         )?;
         write!(
             f,
-            "failed spills: {} ({} refused by max_spill)",
+            "failed spills: {} (encode {}, I/O {}, max_spill {})",
             Count(self.spill_errors_total),
+            Count(self.spill_errors_encode_total),
+            Count(self.spill_errors_io_total),
             Count(self.spill_budget_refusals_total),
         )
     }
@@ -267,6 +303,7 @@ mod tests {
             spilling_bytes: 2 << 20,
             detached_bytes: 1 << 20,
             detached_count: 1,
+            set_aside_bytes: 3 << 10,
             disk_bytes: 200 << 20,
             disk_count: 256,
             file_bytes: 256 << 20,
@@ -276,18 +313,23 @@ mod tests {
             unspill_count_total: 12_345,
             clean_evictions_total: 160,
             spill_errors_total: 7,
+            spill_errors_encode_total: 1,
+            spill_errors_io_total: 4,
             spill_budget_refusals_total: 2,
             compacted_count_total: 9,
             spill_seconds_total: 1.5,
             unspill_seconds_total: 0.25,
+            io_busy_seconds_total: 1.25,
         };
         let want = "\
 in memory: 64.0 MiB in 64 values (2.0 MiB being written, 1.0 MiB detached)
+set aside (encode failed, kept in memory): 3.0 KiB
 on disk: 200.0 MiB in 256 records (after compression), files 256.0 MiB
-spilled: 300.0 MiB in 1,300 records, 1.50 s of IO-thread time
-read back: 3.0 GiB in 12,345 records, 250.0 ms of read time
+spilled: 300.0 MiB in 1,300 records, 1.50 s of thread time
+read back: 3.0 GiB in 12,345 records, 250.0 ms of thread time
+IO pool busy: 1.25 s of wall time
 evicted without a write: 160; records moved by compaction: 9
-failed spills: 7 (2 refused by max_spill)";
+failed spills: 7 (encode 1, I/O 4, max_spill 2)";
         assert_eq!(stats.to_string(), want);
         for line in want.lines() {
             assert!(line.chars().count() <= 80, "line too long: {line}");

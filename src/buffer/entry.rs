@@ -103,6 +103,8 @@ pub(crate) struct Delta {
     /// running, a free queued on the pool): it falls without the host
     /// doing anything.
     pub detached_io: isize,
+    /// Weight of values set aside after their encode failed.
+    pub set_aside: isize,
 }
 
 impl Delta {
@@ -117,6 +119,7 @@ impl Delta {
         detached: 0,
         detached_count: 0,
         detached_io: 0,
+        set_aside: 0,
     };
 
     /// Both changes together.
@@ -132,6 +135,7 @@ impl Delta {
             detached: self.detached + o.detached,
             detached_count: self.detached_count + o.detached_count,
             detached_io: self.detached_io + o.detached_io,
+            set_aside: self.set_aside + o.set_aside,
         }
     }
 
@@ -148,6 +152,7 @@ impl Delta {
             detached: -self.detached,
             detached_count: -self.detached_count,
             detached_io: -self.detached_io,
+            set_aside: -self.set_aside,
         }
     }
 
@@ -207,6 +212,9 @@ pub(crate) struct Node<K, V> {
     pins: u32,
     /// The host consumed it: when the last pin goes, it is first in line.
     consumed: bool,
+    /// Its encode failed: resident-dirty but on no list, so eviction does
+    /// not try it again until the host asks (`retry_spill`) or replaces it.
+    set_aside: bool,
     pub(super) tick: u64,
     pub(super) prev: u32,
     pub(super) next: u32,
@@ -267,6 +275,7 @@ impl<K, V> Node<K, V> {
             version,
             pins: 0,
             consumed: false,
+            set_aside: false,
             tick: 0,
             prev: NIL,
             next: NIL,
@@ -287,6 +296,10 @@ impl<K, V> Node<K, V> {
         self.consumed
     }
 
+    pub(crate) fn set_aside(&self) -> bool {
+        self.set_aside
+    }
+
     fn w(&self) -> isize {
         self.weight as isize
     }
@@ -300,7 +313,9 @@ impl<K, V> Node<K, V> {
     pub(crate) fn wanted_list(&self) -> Option<ListKind> {
         match &self.state {
             State::Resident { disk: Some(_), .. } if self.pins == 0 => Some(ListKind::Clean),
-            State::Resident { disk: None, .. } if self.pins == 0 => Some(ListKind::Dirty),
+            State::Resident { disk: None, .. } if self.pins == 0 && !self.set_aside => {
+                Some(ListKind::Dirty)
+            }
             _ => None,
         }
     }
@@ -359,6 +374,8 @@ impl<K, V> Node<K, V> {
                 let (value, d) = self.drop_clean(*loc);
                 return (Unpinned::Freed(value), unpinned.plus(d));
             }
+            // Set aside: on no list until retried.
+            State::Resident { disk: None, .. } if self.set_aside => Unpinned::Nothing,
             State::Resident { disk, .. } => Unpinned::Link {
                 kind: if disk.is_some() {
                     ListKind::Clean
@@ -433,8 +450,10 @@ impl<K, V> Node<K, V> {
     }
 
     /// Its write failed: spilling → resident-dirty, the value kept. The
-    /// caller relinks it as most recently used when unpinned.
-    pub(crate) fn spill_failed(&mut self) -> Delta {
+    /// caller relinks it as most recently used when unpinned, unless it is
+    /// `set_aside` (its encode failed: trying it again cannot succeed
+    /// until the value or the host's codec changes).
+    pub(crate) fn spill_failed(&mut self, set_aside: bool) -> Delta {
         let State::Spilling { value } = &self.state else {
             return Delta::ZERO;
         };
@@ -442,11 +461,27 @@ impl<K, V> Node<K, V> {
             value: Arc::clone(value),
             disk: None,
         };
+        self.set_aside = set_aside;
         Delta {
             spilling: -self.w(),
             pinned_spilling: if self.pins > 0 { -self.w() } else { 0 },
+            set_aside: if set_aside { self.w() } else { 0 },
             ..Delta::ZERO
         }
+    }
+
+    /// A set-aside entry becomes a candidate for eviction again. Returns
+    /// whether it was set aside; the caller links it when unpinned.
+    pub(crate) fn retry_spill(&mut self) -> (bool, Delta) {
+        if !self.set_aside {
+            return (false, Delta::ZERO);
+        }
+        self.set_aside = false;
+        let d = Delta {
+            set_aside: -self.w(),
+            ..Delta::ZERO
+        };
+        (true, d)
     }
 
     /// A demand read: on-disk → unspilling with `waiter`, returning the
@@ -550,6 +585,7 @@ impl<K, V> Node<K, V> {
         let w = self.w();
         let mut d = Delta {
             len: -1,
+            set_aside: if self.set_aside { -w } else { 0 },
             ..Delta::ZERO
         };
         let disk = self.state.disk();

@@ -134,9 +134,10 @@ impl<K: Key, V: Spill> Inner<K, V> {
     }
 }
 
-/// After a failed spill, evictions by the target stop queueing writes for a
-/// while (10 ms, doubling on each further failure up to 1 s, reset by a
-/// success): with a broken or full disk, every insert would otherwise
+/// After a failed write (I/O error, disk full, `max_spill`; not an encode
+/// error, see `buffer::failure`), evictions by the target stop queueing
+/// writes for a while (10 ms, doubling on each further failure up to 1 s,
+/// reset by a success, a `remove` or `retry_spills`): with a broken or full disk, every insert would otherwise
 /// re-encode and re-try every value over the target. Clean evictions go on,
 /// and an explicit `evict` always tries.
 pub(crate) struct Backoff {
@@ -170,6 +171,11 @@ impl Backoff {
         let step = (self.step_ns.load(Relaxed) * 2).clamp(Self::FIRST_NS, Self::MAX_NS);
         self.step_ns.store(step, Relaxed);
         self.until_ns.store(self.now_ns() + step, Relaxed);
+    }
+
+    /// Did the last write fail (no success since)?
+    pub(crate) fn failing(&self) -> bool {
+        self.step_ns.load(Relaxed) != 0
     }
 
     pub(crate) fn success(&self) {

@@ -11,6 +11,7 @@
 //! dropping values and waking waiters happen after every lock is released.
 
 use super::entry::{Delta, ListKind, Node};
+use super::failure::Failures;
 use super::hash::KeyHash;
 use super::memory::{Gauges, MemoryWaiters};
 use super::pinned::{PinAt, PinOwner, PinResult, Pinned};
@@ -86,6 +87,8 @@ pub(crate) struct Inner<K, V> {
     /// A disk-budget refusal was logged and no spill has succeeded since.
     pub budget_logged: AtomicBool,
     pub backoff: Backoff,
+    /// The most recent spill failures (`buffer::failure`).
+    pub failures: Failures<K>,
     me: Weak<Inner<K, V>>,
 }
 
@@ -122,6 +125,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
             spill_queue: Mutex::new(Vec::new()),
             budget_logged: AtomicBool::new(false),
             backoff: Backoff::new(),
+            failures: Failures::default(),
             me: me.clone(),
         })
     }
@@ -314,6 +318,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
         match self.with_shard(s, |shard| shard.remove(key, version)) {
             Some(after) => {
                 self.act(s, after);
+                self.space_freed();
                 self.wake_mem_waiters();
                 true
             }
@@ -396,6 +401,8 @@ impl<K: Key, V: Spill> Inner<K, V> {
             spilling_bytes: self.g.spilling.load(Relaxed) as u64,
             detached_bytes: detached,
             detached_count,
+            set_aside_bytes: self.g.set_aside.load(Relaxed) as u64,
+            io_busy_seconds_total: self.pool.busy_seconds(),
             disk_bytes: self.store.disk_bytes(),
             disk_count: self.store.disk_count(),
             file_bytes: self.store.file_bytes(),

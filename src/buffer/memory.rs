@@ -36,6 +36,9 @@ pub(crate) struct Gauges {
     pub detached_count: AtomicUsize,
     /// Of `detached`, the weight IO jobs hold (it falls on its own).
     pub detached_io: AtomicUsize,
+    /// Weight of values set aside after their encode failed (resident,
+    /// on no list).
+    pub set_aside: AtomicUsize,
     /// Serialises prefetch admission (reading `resident` and taking a
     /// reservation) against a prefetched value moving from reserved to
     /// resident. Taken only inside a shard lock.
@@ -95,6 +98,7 @@ impl Gauges {
         shift(&self.detached, d.detached);
         shift(&self.detached_count, d.detached_count);
         shift(&self.detached_io, d.detached_io);
+        shift(&self.set_aside, d.set_aside);
     }
 
     /// Reserve `w` bytes for a prefetch if unpinned resident bytes plus
@@ -145,7 +149,13 @@ impl<K: Key, V: Spill> Inner<K, V> {
     /// Every value the buffer holds counts against the limit: resident
     /// ones and detached ones (of removed or replaced keys, still held).
     fn under_limit(&self) -> bool {
-        self.g.resident.load(Relaxed) + self.g.detached.load(Relaxed) <= self.limit.load(Relaxed)
+        self.memory_held() <= self.limit.load(Relaxed)
+    }
+
+    /// Every byte of value the buffer holds: resident values and detached
+    /// ones. What `memory_limit` bounds (`Stats::memory_bytes`).
+    pub(crate) fn memory_held(&self) -> usize {
+        self.g.resident.load(Relaxed) + self.g.detached.load(Relaxed)
     }
 
     /// Resolves once memory is within the limit. Waiters are served in

@@ -8,11 +8,14 @@
 //! - [`evict`], [`write`], [`read`], [`memory`]: eviction order and
 //!   back-off, the write path, the read path and prefetch, the gauges and
 //!   back-pressure;
+//! - [`failure`]: spill failures by cause, the last one, and when
+//!   `insert_async` refuses a value;
 //! - [`pinned`]: the [`Pinned`] guard; [`tick`], [`way`], [`hash`]: LRU
 //!   clocks, per-thread ways, key hashing.
 
 pub(crate) mod entry;
 pub(crate) mod evict;
+pub(crate) mod failure;
 pub(crate) mod hash;
 pub(crate) mod inner;
 pub(crate) mod lru;
@@ -29,7 +32,7 @@ pub(crate) mod way;
 pub(crate) mod write;
 
 use crate::config::Builder;
-use crate::error::{Error, Result};
+use crate::error::{Error, InsertError, Result, SpillFailure};
 use crate::io::Pool;
 use crate::metrics::Stats;
 use crate::store::dirs::{sweep_stale, SpillDirs};
@@ -167,13 +170,62 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
     /// being written) is at or below `memory_limit`. Waiters resume in
     /// arrival order. This is the back-pressure a producer should use.
     ///
-    /// If nothing more can be evicted and no write is in flight (every
-    /// resident value pinned, or spills failing), the wait ends rather than
-    /// last forever.
-    pub async fn insert_async(&self, key: K, value: V) -> Result<()> {
-        self.inner().insert(key, value);
-        self.inner().wait_for_memory().await;
+    /// # Errors
+    ///
+    /// When memory is over `memory_limit`, no write is in flight and
+    /// spilling is failing — the disk is full or failing, `max_spill` is
+    /// reached, or the values left in memory are ones whose encode failed
+    /// — the value is **not inserted** and comes back in an
+    /// [`InsertError`] with its key, and with an [`Error::MemoryLimit`]
+    /// whose cause names the failure. The buffer is unchanged (an older
+    /// value of the key stays). Pause and retry (each call retries the
+    /// writes once the write back-off allows, and waits for that retry's
+    /// outcome before deciding), shed the value, or remove keys; spilling
+    /// resumes by itself when writes succeed again.
+    ///
+    /// When the wait after inserting cannot end because nothing more can
+    /// be spilled (a write failed meanwhile, or only the host's own pins
+    /// keep memory up), it returns `Ok` rather than wait for ever: the
+    /// value is in, and the next call refuses if spilling is failing.
+    /// Memory therefore stays within `memory_limit` plus the values of
+    /// the calls in progress when spilling started to fail.
+    ///
+    /// Cancel safety: a future dropped before it inserted (only possible
+    /// while it waits on writes retried after a failure) drops the value.
+    pub async fn insert_async(&self, key: K, value: V) -> Result<(), InsertError<K, V>> {
+        let inner = self.inner();
+        loop {
+            match inner.admission() {
+                failure::Admission::Admit => break,
+                failure::Admission::Wait => inner.wait_for_memory().await,
+                failure::Admission::Refuse(error) => {
+                    return Err(InsertError { key, value, error });
+                }
+            }
+        }
+        inner.insert(key, value);
+        inner.wait_for_memory().await;
         Ok(())
+    }
+
+    /// The most recent spill failure (key and error: [`Error::Encode`],
+    /// [`Error::Io`] or [`Error::DiskBudget`]), or `None` if no spill has
+    /// failed. Failures are also counted by cause in [`Stats`] and logged
+    /// as `tracing` warnings with the key and the error.
+    pub fn last_spill_error(&self) -> Option<SpillFailure<K>> {
+        self.inner().last_spill_error()
+    }
+
+    /// Retry what failed to spill, now: end the write back-off, and make
+    /// the values set aside after an encode error candidates for eviction
+    /// again (when the host changed something that may fix them). Then
+    /// evict down to the target. Returns how many values were set aside.
+    /// Spilling also resumes by itself: a replaced value is no longer set
+    /// aside, and the back-off ends with its timer, a successful write or
+    /// a `remove`. Walks every entry of every shard holding a set-aside
+    /// value: a call for when the host fixed a cause, not for a loop.
+    pub fn retry_spills(&self) -> usize {
+        self.inner().retry_spills()
     }
 
     /// Pin `key`'s value, reading it back from disk on this thread if

@@ -514,23 +514,25 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
     }
 
     /// `key`'s write failed: the value stays, relinked as most recently
-    /// used at `tick()` so that the next eviction tries another one. If
-    /// the entry was removed or replaced meanwhile, returns its value when
-    /// the write was its last holder (to drop after unlocking).
+    /// used at `tick()` so that the next eviction tries another one; or,
+    /// `set_aside` (its encode failed), left on no list. If the entry was
+    /// removed or replaced meanwhile, returns its value when the write was
+    /// its last holder (to drop after unlocking).
     pub(crate) fn spill_failed(
         &mut self,
         key: &K,
         version: u64,
+        set_aside: bool,
         tick: impl FnOnce() -> u64,
     ) -> Option<Arc<V>> {
         let Some(idx) = self.find_version(key, version) else {
             return self.release_detached(version, Detached::write_ended);
         };
         let n = self.node_mut(idx);
-        let d = n.spill_failed();
+        let d = n.spill_failed(set_aside);
         let unpinned = n.pins() == 0;
         self.add(d);
-        if unpinned {
+        if unpinned && !set_aside {
             self.link_front(idx, ListKind::Dirty, tick());
         }
         None
@@ -545,6 +547,26 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
             return (true, None);
         }
         (false, self.release_detached(version, Detached::write_ended))
+    }
+
+    /// Make every set-aside entry a candidate for eviction again, linked
+    /// as most recently used. Returns how many there were.
+    pub(crate) fn retry_spills(&mut self, mut tick: impl FnMut() -> u64) -> usize {
+        let idxs: Vec<u32> = self
+            .nodes()
+            .filter(|(_, n)| n.set_aside())
+            .map(|(i, _)| i)
+            .collect();
+        for &idx in &idxs {
+            let n = self.node_mut(idx);
+            let (_, d) = n.retry_spill();
+            let unpinned = n.pins() == 0;
+            self.add(d);
+            if unpinned {
+                self.link_front(idx, ListKind::Dirty, tick());
+            }
+        }
+        idxs.len()
     }
 
     /// Start a prefetch of `key` if it is on disk, was not consumed since

@@ -15,7 +15,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
     pub(crate) fn validate(&self) -> Result<(), String> {
         self.pool.wait_idle_blocking();
         let (mut resident, mut count, mut spilling, mut pinned, mut len) = (0, 0, 0, 0, 0);
-        let mut pinned_spilling = 0;
+        let (mut pinned_spilling, mut set_aside) = (0, 0);
         let (mut detached, mut detached_count) = (0, 0);
         let mut disk_records = 0u64;
         // (key, record, state) of every entry with a disk copy, checked
@@ -65,6 +65,12 @@ impl<K: Key, V: Spill> Inner<K, V> {
                 let in_memory = n.state().value().is_some();
                 if n.pins() > 0 && !in_memory {
                     return Err(format!("slot {i}: pinned but {}", n.state().name()));
+                }
+                if n.set_aside() {
+                    if !matches!(n.state(), State::Resident { disk: None, .. }) {
+                        return Err(format!("slot {i}: set aside but {}", n.state().name()));
+                    }
+                    set_aside += n.weight;
                 }
                 if in_memory {
                     resident += n.weight;
@@ -118,6 +124,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
             ),
             // With the pool idle no job holds anything.
             ("detached_io", 0, g.detached_io.load(Relaxed)),
+            ("set_aside", set_aside, g.set_aside.load(Relaxed)),
         ];
         for (name, counted, gauge) in checks {
             if counted != gauge {

@@ -2,11 +2,10 @@
 //! drained by a job on the IO pool; large values are written one job each,
 //! small ones packed together ([`Store::put_batch`](crate::store::Store)).
 //! Each outcome is applied to its entry (spill done or failed) under the
-//! entry's shard lock.
+//! entry's shard lock; a failure goes to [`super::failure`].
 
 use super::inner::Inner;
 use super::Key;
-use crate::error::Error;
 use crate::io::Priority;
 use crate::metrics::Metrics;
 use crate::store::put::IN_PLACE_MIN;
@@ -117,26 +116,5 @@ impl<K: Key, V: Spill> Inner<K, V> {
         } else {
             self.wake_mem_waiters();
         }
-    }
-
-    fn spill_failed(&self, key: &K, version: u64, err: Error) {
-        Metrics::add(&self.metrics.spill_errors, 1);
-        self.backoff.failure();
-        if matches!(err, Error::DiskBudget { .. }) {
-            Metrics::add(&self.metrics.budget_refusals, 1);
-            if !self.budget_logged.swap(true, Relaxed) {
-                tracing::warn!(key = ?key, error = %err, "disk budget reached; values stay in memory");
-            }
-        } else {
-            tracing::warn!(key = ?key, error = %err, "spill failed; the value stays in memory");
-        }
-        let s = self.shard_of(key);
-        self.with_shard(s, |shard| {
-            shard.spill_failed(key, version, || self.next_tick_synced(s))
-        });
-        // Nothing retries the eviction until the host acts again, so with
-        // no other write in flight memory will not fall: `stalled` then
-        // releases the waiters rather than leave them waiting forever.
-        self.wake_mem_waiters();
     }
 }

@@ -5,8 +5,12 @@
 //!
 //! Jobs are boxed closures, so the pool knows nothing of keys and values.
 //! It counts queued and running jobs so that `flush` can wait for all of
-//! them, from async code or from a blocking caller.
+//! them, from async code or from a blocking caller, and measures its
+//! wall-clock busy time ([`busy`]).
 
+mod busy;
+
+use busy::Busy;
 use crossbeam_channel::{Receiver, Select, Sender};
 use parking_lot::{Condvar, Mutex, RwLock};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -69,6 +73,7 @@ pub(crate) struct Pool {
     queues: RwLock<Option<Queues>>,
     rx: [Receiver<Job>; QUEUES],
     idle: Arc<Idle>,
+    busy: Arc<Busy>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     thread_ids: Vec<ThreadId>,
 }
@@ -82,14 +87,16 @@ impl Pool {
         let tx = channels.map(|(tx, _)| tx);
         let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
         let idle = Arc::new(Idle::default());
+        let busy = Arc::new(Busy::default());
         let mut handles = Vec::with_capacity(threads);
         for i in 0..threads {
             let rx = rx.clone();
             let stop = stop_rx.clone();
             let idle = Arc::clone(&idle);
+            let busy = Arc::clone(&busy);
             let h = std::thread::Builder::new()
                 .name(format!("spillbuffer-io-{i}"))
-                .spawn(move || worker(rx, stop, idle))?;
+                .spawn(move || worker(rx, stop, idle, busy))?;
             handles.push(h);
         }
         Ok(Pool {
@@ -100,6 +107,7 @@ impl Pool {
             })),
             rx,
             idle,
+            busy,
             threads: Mutex::new(handles),
         })
     }
@@ -122,6 +130,11 @@ impl Pool {
     #[cfg(test)]
     pub(crate) fn pending(&self) -> usize {
         self.idle.pending.load(SeqCst)
+    }
+
+    /// Wall-clock seconds during which at least one thread ran a job.
+    pub(crate) fn busy_seconds(&self) -> f64 {
+        self.busy.seconds()
     }
 
     /// Is the calling thread one of this pool's?
@@ -183,15 +196,17 @@ impl Drop for Pool {
     }
 }
 
-fn worker(rx: [Receiver<Job>; QUEUES], stop: Receiver<()>, idle: Arc<Idle>) {
+fn worker(rx: [Receiver<Job>; QUEUES], stop: Receiver<()>, idle: Arc<Idle>, busy: Arc<Busy>) {
     loop {
         let job = match next_job(&rx, &stop) {
             Some(job) => job,
             None => return,
         };
+        busy.start();
         if catch_unwind(AssertUnwindSafe(job)).is_err() {
             tracing::error!("a spillbuffer IO job panicked; the pool keeps running");
         }
+        busy.end();
         idle.done();
     }
 }
@@ -223,6 +238,33 @@ fn next_job(rx: &[Receiver<Job>; QUEUES], stop: &Receiver<()>) -> Option<Job> {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicBool;
+
+    /// Two jobs that run at the same time for at least 20 ms each count
+    /// their overlap once: busy time is at least one job's length, at most
+    /// the wall time around them, and does not grow while idle.
+    #[test]
+    fn busy_time_is_wall_time_with_a_job_running() {
+        let pool = Pool::new(2).unwrap();
+        let barrier = Arc::new(std::sync::Barrier::new(2));
+        let wall = std::time::Instant::now();
+        for _ in 0..2 {
+            let barrier = Arc::clone(&barrier);
+            pool.submit(
+                Priority::Spill,
+                Box::new(move || {
+                    // Both jobs are running once the barrier opens.
+                    barrier.wait();
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }),
+            );
+        }
+        pool.wait_idle_blocking();
+        let wall = wall.elapsed().as_secs_f64();
+        let busy = pool.busy_seconds();
+        assert!(busy >= 0.020, "busy {busy} s");
+        assert!(busy <= wall, "busy {busy} s > wall {wall} s");
+        assert_eq!(pool.busy_seconds(), busy, "idle time is not busy time");
+    }
 
     #[test]
     fn runs_jobs_and_waits_for_them() {

@@ -82,7 +82,7 @@ fn consuming_a_clean_value_frees_it_and_a_dirty_one_goes_first_out() {
 fn a_failed_write_keeps_the_value_dirty() {
     let mut n = dirty(5);
     let (_, d1) = n.evict().unwrap();
-    let d2 = n.spill_failed();
+    let d2 = n.spill_failed(false);
     assert_eq!(n.state().name(), "resident-dirty");
     assert_eq!(d1.plus(d2), Delta::ZERO);
 }

@@ -170,9 +170,21 @@ impl Runner {
                 len,
                 compressible,
             } => {
+                let before = self.model.get(&key).cloned();
                 let v = self.insert_value(key, len, compressible);
                 if let Err(e) = block_on(self.buf.insert_async(key, v), HANG) {
-                    self.fail(op, format!("insert_async failed: {e}"));
+                    // Refused (over the limit, spilling failing): the value
+                    // comes back and the buffer keeps what it had.
+                    let sent = match before {
+                        Some(old) => self.model.insert(key, old),
+                        None => self.model.remove(&key),
+                    };
+                    if !matches!(e.error, Error::MemoryLimit { .. }) {
+                        self.fail(op, format!("insert_async failed: {e}"));
+                    }
+                    if sent.as_deref() != Some(&e.value) {
+                        self.fail(op, "insert_async handed back another value".into());
+                    }
                 }
             }
             Op::Get { key } => {
