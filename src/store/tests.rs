@@ -31,7 +31,7 @@ fn small_records_share_a_segment_and_read_back() {
     let b = s.write(&2, &rec(b"beta")).unwrap();
     assert_eq!(a.seg, b.seg);
     let mut buf = Vec::new();
-    s.read(b, &mut buf).unwrap();
+    s.read(&2, b, &mut buf).unwrap();
     assert_eq!(record::open(&buf).unwrap().payload, b"beta");
     assert_eq!(s.disk_count(), 2);
     assert_eq!(s.disk_bytes(), a.len() + b.len());
