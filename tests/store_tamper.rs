@@ -115,19 +115,19 @@ fn a_segment_truncated_before_any_read_gives_corrupt_with_key_and_file() {
             let len = std::fs::metadata(&seg).unwrap().len();
             set_len(&seg, len - 100);
         }
-        let mut corrupt = 0;
+        let mut corrupt = Vec::new();
         for k in 0..8u64 {
             match b.get(&k) {
                 Ok(Some(v)) => assert_eq!(*v, value(k, size), "key {k}"),
                 Ok(None) => panic!("key {k} lost"),
-                Err(_) => {
+                Err(e) => {
                     assert_corrupt(&b, k);
-                    corrupt += 1;
+                    corrupt.push((k, e.to_string()));
                 }
             }
         }
         let expect = if size > 1 << 20 { 8 } else { 1 };
-        assert_eq!(corrupt, expect, "size {size}");
+        assert_eq!(corrupt.len(), expect, "size {size}: {corrupt:?}");
     }
 }
 

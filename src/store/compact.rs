@@ -409,7 +409,7 @@ impl<K: Clone + Debug> Store<K> {
 
 /// The [`PUNCH_BLOCK`]-aligned insides of the gaps between the `live`
 /// records (offset, length; sorted) of a segment of `end` bytes.
-fn dead_blocks(live: &[(u64, u64)], end: u64) -> Vec<(u64, u64)> {
+pub(super) fn dead_blocks(live: &[(u64, u64)], end: u64) -> Vec<(u64, u64)> {
     let down = |x: u64| x / PUNCH_BLOCK * PUNCH_BLOCK;
     let up = |x: u64| x.div_ceil(PUNCH_BLOCK) * PUNCH_BLOCK;
     let mut out = Vec::new();

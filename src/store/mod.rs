@@ -267,21 +267,17 @@ impl<K: Clone + Debug> Store<K> {
     /// succeeded (`bytes` 0): a full disk is no longer assumed, and copies
     /// that stopped for lack of space are queued again. The buffer is told
     /// (`take_space_returned`) once a segment's worth (at most 1 MiB) has
-    /// been freed since the failure, not at every block: each time it is
-    /// told it tries every value over the target again.
+    /// been freed since a write first failed for lack of space, not at
+    /// every block: each time it is told it tries every value over the
+    /// target again. A successful write does not count: it may be
+    /// compaction's, which the buffer's back-off knows nothing of.
     fn space_freed(&self, g: &mut Segments<K>, bytes: u64) {
         self.disk_full.store(false, Relaxed);
-        let waiting = self.awaiting_space.fetch_update(Relaxed, Relaxed, |w| {
-            (w > 0).then(|| {
-                if bytes == 0 {
-                    0
-                } else {
-                    w.saturating_sub(bytes)
-                }
-            })
-        });
-        if let Ok(w) = waiting {
-            if bytes > 0 && w <= bytes {
+        if bytes > 0 {
+            let waiting = self.awaiting_space.fetch_update(Relaxed, Relaxed, |w| {
+                (w > 0).then(|| w.saturating_sub(bytes))
+            });
+            if waiting.is_ok_and(|w| w <= bytes) {
                 self.space_returned.store(true, Relaxed);
             }
         }
@@ -302,8 +298,14 @@ impl<K: Clone + Debug> Store<K> {
         if self.disk_full.swap(true, Relaxed) {
             return;
         }
-        self.awaiting_space
-            .store(self.cfg.segment_size.clamp(1, 1 << 20), Relaxed);
+        // Armed once per wait: a failure while already waiting keeps
+        // what has been freed so far.
+        let _ = self.awaiting_space.compare_exchange(
+            0,
+            self.cfg.segment_size.clamp(1, 1 << 20),
+            Relaxed,
+            Relaxed,
+        );
         let ids: Vec<u32> = g.segs.keys().copied().collect();
         for id in ids {
             self.consider(g, id);
