@@ -21,17 +21,22 @@
 //! its dead ranges are punched out of the file (`fallocate` with
 //! `FALLOC_FL_PUNCH_HOLE`), which needs no space at all.
 //!
-//! Job ([`Store::compact`]), in two steps:
+//! Job ([`Store::compact`]), in up to three steps:
 //!
 //! 1. Punch, on a full disk only: the [`PUNCH_BLOCK`]-aligned insides of
 //!    the ranges between live records are given back to the file system.
 //! 2. Copy, if the segment is still sparse (counting what it occupies, so
-//!    after its holes): each live record is read, checked, copied to the
-//!    open segment, and its entry switched to the copy by the caller's
-//!    `relocate` (under the entry's shard lock); readers keep using the old
-//!    copy until then, and a record with a read in flight is retried
-//!    later. A copy that finds the disk full stops, and the segment waits
-//!    (`stalled`) until space comes back.
+//!    after its holes) and the disk is not full: each live record is read,
+//!    checked, copied to the open segment, and its entry switched to the
+//!    copy by the caller's `relocate` (under the entry's shard lock);
+//!    readers keep using the old copy until then, and a record with a read
+//!    in flight is retried later. A copy that finds the disk full stops,
+//!    and the segment waits (`stalled`) until space comes back.
+//! 3. Pack in place, if the segment is sparse and the disk full: records
+//!    are moved down into dead bytes of their own file (which needs no new
+//!    space), and the tail left behind them is punched (step 1 again).
+//!    This is what frees space when records are smaller than a block and
+//!    no dead range holds a whole one.
 
 use super::scratch::with_scratch;
 use super::storage::PUNCH_BLOCK;

@@ -40,7 +40,7 @@ pub struct Faults {
     gate: Gate,
     /// Bytes the files may occupy; 0 is no limit.
     capacity: AtomicU64,
-    /// Bytes the files occupy, in whole [`PUNCH_BLOCK`]s.
+    /// Bytes the files occupy, in whole 4 KiB blocks.
     used: AtomicU64,
     no_punch: AtomicBool,
 }
@@ -144,7 +144,7 @@ impl Faults {
 
     /// Make the storage a disk of `bytes` (0: unlimited): a write that
     /// needs blocks past it fails with ENOSPC, before writing anything.
-    /// Blocks are [`PUNCH_BLOCK`] bytes, taken by writes and given back by
+    /// Blocks are 4 KiB, taken by writes and given back by
     /// punched holes and by deleted files once their last handle is closed,
     /// as a real file system does. Not reset by [`Faults::clear`].
     pub fn set_capacity(&self, bytes: u64) {

@@ -40,7 +40,7 @@ pub trait SegmentFile: Send + Sync + 'static {
     /// Give the bytes `offset..offset + len` back to the file system while
     /// keeping the file's length (a hole: they read as zeros afterwards).
     /// The store calls it only on ranges no live record occupies, aligned
-    /// to [`PUNCH_BLOCK`]. Defaults to: `ErrorKind::Unsupported`, after
+    /// to 4 KiB blocks. Defaults to: `ErrorKind::Unsupported`, after
     /// which the store stops asking and reclaims space by copying only.
     fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()> {
         let _ = (offset, len);
@@ -52,7 +52,7 @@ pub trait SegmentFile: Send + Sync + 'static {
 /// whole blocks of this size, the allocation unit of the common Linux file
 /// systems (ext4, xfs, btrfs, tmpfs). On a file system with larger blocks
 /// fewer bytes are freed than counted.
-pub const PUNCH_BLOCK: u64 = 4096;
+pub(crate) const PUNCH_BLOCK: u64 = 4096;
 
 /// Segment files on the local file system.
 #[derive(Debug, Default, Clone, Copy)]
