@@ -58,6 +58,16 @@ pub enum Error {
         /// The error `decode` returned.
         source: SharedError,
     },
+    /// A write found no space left on the file system holding the spill
+    /// directory (ENOSPC, or the user's disk quota, EDQUOT). The value
+    /// stays in memory; spilling resumes by itself once space comes back
+    /// (keys removed, or space freed on the file system).
+    DiskFull {
+        /// The segment file (or directory) that could not grow.
+        path: PathBuf,
+        /// The underlying error.
+        source: Arc<std::io::Error>,
+    },
     /// Writing a record would pass the disk budget set by `max_spill`.
     DiskBudget {
         /// The budget, in bytes.
@@ -101,16 +111,30 @@ impl Error {
         }
     }
 
-    /// True for errors that come from the disk rather than from the data:
-    /// the operation may succeed if retried after the fault clears.
-    pub fn is_io(&self) -> bool {
-        matches!(self, Error::Io { .. })
+    /// Like [`Error::io`], but a full file system (ENOSPC, EDQUOT) becomes
+    /// [`Error::DiskFull`], so that hosts and the buffer can tell it from a
+    /// broken disk.
+    pub(crate) fn write(
+        op: &'static str,
+        path: impl Into<PathBuf>,
+        source: std::io::Error,
+    ) -> Self {
+        if is_no_space(&source) {
+            Error::DiskFull {
+                path: path.into(),
+                source: Arc::new(source),
+            }
+        } else {
+            Error::io(op, path, source)
+        }
     }
 
-    /// True for an I/O error that says the disk is full (`ENOSPC`), here or as the cause of an [`Error::MemoryLimit`].
+    /// True for an error that says the disk is full (no space left, or a
+    /// quota exceeded), here or as the cause of an [`Error::MemoryLimit`].
     pub fn is_disk_full(&self) -> bool {
         match self {
-            Error::Io { source, .. } => source.kind() == std::io::ErrorKind::StorageFull,
+            Error::DiskFull { .. } => true,
+            Error::Io { source, .. } => is_no_space(source),
             Error::MemoryLimit { cause, .. } => cause.is_disk_full(),
             _ => false,
         }
@@ -124,6 +148,22 @@ impl Error {
             e => e,
         }
     }
+
+    /// True for errors that come from the disk rather than from the data
+    /// (`Io`, `DiskFull`): the operation may succeed if retried after the
+    /// fault clears.
+    pub fn is_io(&self) -> bool {
+        matches!(self, Error::Io { .. } | Error::DiskFull { .. })
+    }
+}
+
+/// Is `e` "no space left on device" or "disk quota exceeded"?
+pub(crate) fn is_no_space(e: &std::io::Error) -> bool {
+    // std maps ENOSPC to `StorageFull` and EDQUOT to `QuotaExceeded`.
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+    )
 }
 
 impl fmt::Display for Error {
@@ -139,6 +179,9 @@ impl fmt::Display for Error {
             ),
             Error::Encode { key, source } => write!(f, "encoding key {key} failed: {source}"),
             Error::Decode { key, source } => write!(f, "decoding key {key} failed: {source}"),
+            Error::DiskFull { path, source } => {
+                write!(f, "no space left to write {}: {source}", path.display())
+            }
             Error::DiskBudget {
                 budget,
                 used,
@@ -164,7 +207,7 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Error::Io { source, .. } => Some(&**source),
+            Error::Io { source, .. } | Error::DiskFull { source, .. } => Some(&**source),
             Error::Encode { source, .. } | Error::Decode { source, .. } => Some(&**source),
             Error::MemoryLimit { cause, .. } => Some(&**cause),
             _ => None,
@@ -305,6 +348,24 @@ mod tests {
         };
         assert!(!budget.is_disk_full());
         assert!(matches!(budget.cause(), Error::DiskBudget { .. }));
+    }
+
+    #[test]
+    fn no_space_is_told_apart_from_other_write_errors() {
+        let full = Error::write(
+            "write record",
+            "/spill/seg-1",
+            std::io::Error::from_raw_os_error(28),
+        );
+        assert!(matches!(full, Error::DiskFull { .. }), "{full:?}");
+        assert!(full.is_io() && full.source().is_some());
+        assert!(full.to_string().contains("/spill/seg-1"), "{full}");
+        let other = Error::write(
+            "write record",
+            "/spill/seg-1",
+            std::io::Error::other("bad sector"),
+        );
+        assert!(matches!(other, Error::Io { .. }), "{other:?}");
     }
 
     #[test]

@@ -356,7 +356,22 @@ impl<K: Key, V: Spill> Inner<K, V> {
     /// pool if that died too, and take up any compaction it asks for.
     fn release(&self, loc: DiskLoc) {
         if let Some(dead) = self.store.release(loc) {
-            self.submit(Priority::Background, move |me| me.store.delete(dead));
+            self.submit(Priority::Background, move |me| {
+                me.store.delete(dead);
+                me.reclaimed();
+            });
+        }
+        self.reclaimed();
+    }
+
+    /// Space may have come back (a record released, a file deleted, holes
+    /// punched): if the store says a refused or failed write would now
+    /// fit, evictions write again at once instead of at the end of the
+    /// back-off; then take up any compaction asked for.
+    fn reclaimed(&self) {
+        if self.store.take_space_returned() {
+            self.backoff.success();
+            self.evict_to_target();
         }
         self.queue_compactions();
     }
@@ -376,7 +391,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
             self.with_shard(self.shard_of(key), |shard| shard.relocate(key, old, new))
         });
         Metrics::add(&self.metrics.compacted, done.moved);
-        self.queue_compactions();
+        self.reclaimed();
         if done.retry {
             self.submit(Priority::Background, move |me| me.compact(seg));
         }

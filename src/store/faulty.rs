@@ -1,11 +1,14 @@
 //! A [`Storage`] that wraps the real one and misbehaves on request: it fails
 //! the Nth write or read, writes only part of a record before failing,
 //! reports a full disk, flips a bit in what it reads, or holds writes and
-//! reads until the test lets them go. Used by the fault tests and the
+//! reads until the test lets them go. With a capacity
+//! ([`Faults::set_capacity`]) it is a small disk: blocks are counted as
+//! writes allocate them, punched holes and deleted files give them back,
+//! and a write that would pass the capacity fails with ENOSPC. Used by the fault tests and the
 //! `faults` fuzz target; public so that hosts can test their own error
 //! handling (and their back-pressure) the same way.
 
-use super::storage::{FsStorage, SegmentFile, Storage};
+use super::storage::{FsStorage, SegmentFile, Storage, PUNCH_BLOCK};
 use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
@@ -35,6 +38,11 @@ pub struct Faults {
     fail_all_writes: AtomicBool,
     flip_reads: AtomicBool,
     gate: Gate,
+    /// Bytes the files may occupy; 0 is no limit.
+    capacity: AtomicU64,
+    /// Bytes the files occupy, in whole 4 KiB blocks.
+    used: AtomicU64,
+    no_punch: AtomicBool,
 }
 
 /// Holds writes and reads at the storage layer until released, so that a
@@ -134,6 +142,26 @@ impl Faults {
         self.hold_reads(false);
     }
 
+    /// Make the storage a disk of `bytes` (0: unlimited): a write that
+    /// needs blocks past it fails with ENOSPC, before writing anything.
+    /// Blocks are 4 KiB, taken by writes and given back by
+    /// punched holes and by deleted files once their last handle is closed,
+    /// as a real file system does. Not reset by [`Faults::clear`].
+    pub fn set_capacity(&self, bytes: u64) {
+        self.capacity.store(bytes, SeqCst);
+    }
+
+    /// Bytes the files occupy now (whole blocks).
+    pub fn used_bytes(&self) -> u64 {
+        self.used.load(SeqCst)
+    }
+
+    /// While `on`, punching a hole fails as unsupported, as on a file
+    /// system without `FALLOC_FL_PUNCH_HOLE`.
+    pub fn refuse_punch(&self, on: bool) {
+        self.no_punch.store(on, SeqCst);
+    }
+
     /// Writes attempted so far.
     pub fn writes(&self) -> u64 {
         self.writes.load(SeqCst)
@@ -183,6 +211,7 @@ impl Storage for FaultyStorage {
         Ok(Arc::new(FaultyFile {
             inner,
             faults: Arc::clone(&self.faults),
+            blocks: parking_lot::Mutex::new(Vec::new()),
         }))
     }
 
@@ -194,16 +223,63 @@ impl Storage for FaultyStorage {
 struct FaultyFile {
     inner: Arc<dyn SegmentFile>,
     faults: Arc<Faults>,
+    /// Which blocks of the file are allocated (for the capacity).
+    blocks: parking_lot::Mutex<Vec<bool>>,
+}
+
+impl FaultyFile {
+    /// Take the blocks `offset..offset + len` touches that are not yet
+    /// allocated, or fail with ENOSPC if they do not fit the capacity.
+    fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let (first, last) = (offset / PUNCH_BLOCK, (offset + len).div_ceil(PUNCH_BLOCK));
+        let mut blocks = self.blocks.lock();
+        if blocks.len() < last as usize {
+            blocks.resize(last as usize, false);
+        }
+        let range = first as usize..last as usize;
+        let new = blocks[range.clone()].iter().filter(|&&b| !b).count() as u64;
+        let cap = self.faults.capacity.load(SeqCst);
+        let fits = self
+            .faults
+            .used
+            .fetch_update(SeqCst, SeqCst, |used| {
+                let after = used + new * PUNCH_BLOCK;
+                (cap == 0 || after <= cap).then_some(after)
+            })
+            .is_ok();
+        if !fits {
+            return Err(io::Error::from_raw_os_error(28));
+        }
+        blocks[range].fill(true);
+        Ok(())
+    }
+}
+
+impl Drop for FaultyFile {
+    /// The last handle of a file is closed: a deleted file's blocks are
+    /// free again (the store drops a segment's handles only once it is
+    /// deleted, or when the buffer goes).
+    fn drop(&mut self) {
+        let n = self.blocks.get_mut().iter().filter(|&&b| b).count() as u64;
+        self.faults.used.fetch_sub(n * PUNCH_BLOCK, SeqCst);
+    }
 }
 
 impl SegmentFile for FaultyFile {
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.faults.gate.pass(true);
         match self.faults.write_fault() {
-            None => self.inner.write_all_at(buf, offset),
+            None => {
+                self.allocate(offset, buf.len() as u64)?;
+                self.inner.write_all_at(buf, offset)
+            }
             Some(WriteFault::Error) => Err(io::Error::other("injected write failure")),
             Some(WriteFault::NoSpace) => Err(io::Error::from_raw_os_error(28)),
             Some(WriteFault::Short) => {
+                self.allocate(offset, (buf.len() / 2) as u64)?;
                 self.inner.write_all_at(&buf[..buf.len() / 2], offset)?;
                 Err(io::Error::new(
                     io::ErrorKind::WriteZero,
@@ -216,6 +292,24 @@ impl SegmentFile for FaultyFile {
     /// A record written in pieces counts, and fails, as one write.
     fn write_pieces_at(&self, pieces: &[&[u8]], offset: u64) -> io::Result<()> {
         self.write_all_at(&pieces.concat(), offset)
+    }
+
+    fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()> {
+        if self.faults.no_punch.load(SeqCst) {
+            return Err(io::ErrorKind::Unsupported.into());
+        }
+        self.inner.punch_hole(offset, len)?;
+        let (first, last) = (offset.div_ceil(PUNCH_BLOCK), (offset + len) / PUNCH_BLOCK);
+        let mut blocks = self.blocks.lock();
+        let mut freed = 0;
+        let last = (last as usize).min(blocks.len());
+        for b in blocks.iter_mut().take(last).skip(first as usize) {
+            if std::mem::take(b) {
+                freed += PUNCH_BLOCK;
+            }
+        }
+        self.faults.used.fetch_sub(freed, SeqCst);
+        Ok(())
     }
 
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {

@@ -12,7 +12,7 @@ use crate::error::{BoxError, Error, Result};
 use crate::value::Spill;
 use std::fmt::Debug;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Piece size of an in-place read: each piece is checksummed right after it
 /// lands, while it is still in the core's cache.
@@ -45,14 +45,46 @@ fn corrupt<K: Debug>(key: &K, path: &Path, detail: String) -> Error {
     }
 }
 
+/// A failed read of `len` bytes at `at`, part of `key`'s record: a file
+/// that ends too soon was shortened underneath the buffer (the store never
+/// shrinks a segment), so the record is gone: `Error::Corrupt`. Any other
+/// error is the disk's: `Error::Io`, worth retrying.
+fn read_failed<K: Debug>(key: &K, path: &Path, at: u64, len: usize, e: std::io::Error) -> Error {
+    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+        return corrupt(
+            key,
+            path,
+            format!("the file ends before the record's bytes {at}..{} (truncated underneath the buffer?)", at + len as u64),
+        );
+    }
+    Error::io("read record", path.to_path_buf(), e)
+}
+
 impl<K: Clone + Debug> Store<K> {
+    /// Read `key`'s whole record at `loc` into `buf` (resized to fit).
+    /// Returns the path of its file, for error messages.
+    pub(crate) fn read(&self, key: &K, loc: DiskLoc, buf: &mut Vec<u8>) -> Result<PathBuf> {
+        let (file, path) = self.file(loc)?;
+        let Ok(len) = usize::try_from(loc.len()) else {
+            return Err(corrupt(
+                key,
+                &path,
+                "record larger than the address space".into(),
+            ));
+        };
+        fit(buf, len);
+        file.read_exact_at(buf, loc.offset)
+            .map_err(|e| read_failed(key, &path, loc.offset, len, e))?;
+        Ok(path)
+    }
+
     /// Read `key`'s value back from its record at `loc`.
     pub(crate) fn get<V: Spill>(&self, key: &K, loc: DiskLoc) -> Result<V> {
         if loc.len() >= IN_PLACE_MIN as u64 {
             return self.get_in_place(key, loc);
         }
         with_scratch(|sc| {
-            let path = self.read(loc, &mut sc.a)?;
+            let path = self.read(key, loc, &mut sc.a)?;
             let bytes = payload(&sc.a, &mut sc.b).map_err(|d| corrupt(key, &path, d))?;
             decode(bytes).map_err(|d| corrupt(key, &path, d))
         })
@@ -61,7 +93,7 @@ impl<K: Clone + Debug> Store<K> {
     /// Read the record at `loc` and check it, for a copy (compaction): a
     /// read that went wrong must not become the only copy on disk.
     pub(crate) fn read_checked(&self, key: &K, loc: DiskLoc, buf: &mut Vec<u8>) -> Result<()> {
-        let path = self.read(loc, buf)?;
+        let path = self.read(key, loc, buf)?;
         record::open(buf).map_err(|d| corrupt(key, &path, d))?;
         Ok(())
     }
@@ -75,9 +107,10 @@ impl<K: Clone + Debug> Store<K> {
     fn get_in_place<V: Spill>(&self, key: &K, loc: DiskLoc) -> Result<V> {
         let (file, path) = self.file(loc)?;
         let corrupt = |detail: String| corrupt(key, &path, detail);
-        let io = |e| Error::io("read record", path.clone(), e);
+        let io = |at: u64, len: usize, e| read_failed(key, &path, at, len, e);
         let mut head = [0u8; record::HEADER];
-        file.read_exact_at(&mut head, loc.offset).map_err(io)?;
+        file.read_exact_at(&mut head, loc.offset)
+            .map_err(|e| io(loc.offset, record::HEADER, e))?;
         let (codec, stored, raw_len) = record::parse_header(&head).map_err(corrupt)?;
         if stored.checked_add(record::HEADER as u64) != Some(loc.len()) {
             return Err(corrupt(format!(
@@ -98,7 +131,7 @@ impl<K: Clone + Debug> Store<K> {
                     let mut at = body;
                     for piece in dst.chunks_mut(READ_PIECE) {
                         if let Err(e) = file.read_exact_at(piece, at) {
-                            failed = Some(io(e));
+                            failed = Some(io(at, piece.len(), e));
                             return Err("read failed".into());
                         }
                         crc.update(piece);
@@ -121,7 +154,8 @@ impl<K: Clone + Debug> Store<K> {
         }
         with_scratch(|sc| {
             fit(&mut sc.a, stored as usize);
-            file.read_exact_at(&mut sc.a, body).map_err(io)?;
+            file.read_exact_at(&mut sc.a, body)
+                .map_err(|e| io(body, sc.a.len(), e))?;
             if crc32fast::hash(&sc.a) != want_crc {
                 return Err(corrupt("payload checksum mismatch".into()));
             }

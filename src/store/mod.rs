@@ -35,7 +35,7 @@ use std::collections::HashMap;
 use std::fmt::Debug;
 use std::num::NonZeroU64;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use storage::{SegmentFile, Storage};
@@ -70,6 +70,8 @@ impl DiskLoc {
 /// to the IO pool ([`Store::delete`]).
 pub(crate) struct DeadSegment {
     path: PathBuf,
+    /// Bytes the file occupies.
+    occupied: u64,
     _file: Arc<dyn SegmentFile>,
 }
 
@@ -83,6 +85,15 @@ struct Segment<K> {
     /// Bytes allocated in the file (written or being written).
     end: u64,
     live: u64,
+    /// Bytes of `0..end` given back to the file system as holes: the file
+    /// occupies `end - punched` (what `file_bytes` counts).
+    punched: u64,
+    /// The holes punched so far: disjoint, sorted, [`PUNCH_BLOCK`]-aligned
+    /// ranges that no live record touches.
+    holes: Vec<(u64, u64)>,
+    /// Dead bytes (`end - live`) when holes were last punched: a full disk
+    /// asks for another pass only once enough more has died.
+    dead_seen: u64,
     /// Live records by offset: (length, key). Compaction walks these.
     records: HashMap<u64, (u64, K)>,
     /// Writes reserved but not finished.
@@ -114,6 +125,9 @@ struct Segments<K> {
     /// Sealed segments found sparse while the store as a whole was within
     /// its space bound; compacted later if the bound is passed.
     deferred: Vec<u32>,
+    /// Segments whose copying stopped for lack of space: queued again when
+    /// space comes back.
+    stalled: Vec<u32>,
 }
 
 /// Settings of the slow tier.
@@ -136,6 +150,19 @@ pub(crate) struct Store<K> {
     disk_bytes: AtomicU64,
     disk_count: AtomicU64,
     file_bytes: AtomicU64,
+    /// A write failed for lack of space, and none has succeeded since nor
+    /// has space been freed: dead ranges are punched eagerly.
+    disk_full: AtomicBool,
+    /// Size of the last record `max_spill` refused; 0 once it would fit.
+    refused: AtomicU64,
+    /// Bytes still to be freed, after a write failed for lack of space,
+    /// before the buffer is told that space came back (0: not waiting).
+    awaiting_space: AtomicU64,
+    /// Space came back after a refusal or a full disk (see
+    /// [`Store::take_space_returned`]).
+    space_returned: AtomicBool,
+    /// The file system punches holes; cleared at the first `Unsupported`.
+    punch_ok: AtomicBool,
 }
 
 impl<K: Clone + Debug> Store<K> {
@@ -153,11 +180,17 @@ impl<K: Clone + Debug> Store<K> {
                 segs: HashMap::new(),
                 to_compact: Vec::new(),
                 deferred: Vec::new(),
+                stalled: Vec::new(),
             }),
             reserved: AtomicU64::new(0),
             disk_bytes: AtomicU64::new(0),
             disk_count: AtomicU64::new(0),
             file_bytes: AtomicU64::new(0),
+            disk_full: AtomicBool::new(false),
+            refused: AtomicU64::new(0),
+            awaiting_space: AtomicU64::new(0),
+            space_returned: AtomicBool::new(false),
+            punch_ok: AtomicBool::new(true),
         }
     }
 
@@ -195,6 +228,7 @@ impl<K: Clone + Debug> Store<K> {
     pub(crate) fn check_budget(&self, len: u64) -> Result<()> {
         let used = self.reserved.load(Relaxed);
         if used.saturating_add(len) > self.cfg.max_spill {
+            self.refused.store(len, Relaxed);
             return Err(Error::DiskBudget {
                 budget: self.cfg.max_spill,
                 used,
@@ -211,11 +245,71 @@ impl<K: Clone + Debug> Store<K> {
                 used.checked_add(len).filter(|&n| n <= max)
             })
             .map(|_| ())
-            .map_err(|used| Error::DiskBudget {
-                budget: max,
-                used,
-                record: len,
+            .map_err(|used| {
+                self.refused.store(len, Relaxed);
+                Error::DiskBudget {
+                    budget: max,
+                    used,
+                    record: len,
+                }
             })
+    }
+
+    /// Did space come back since the last call, after a write was refused
+    /// by `max_spill` or failed on a full disk? True once per return: the
+    /// buffer then lets evictions write again at once, rather than at the
+    /// end of its back-off.
+    pub(crate) fn take_space_returned(&self) -> bool {
+        self.space_returned.load(Relaxed) && self.space_returned.swap(false, Relaxed)
+    }
+
+    /// `bytes` were freed (a hole punched, a segment deleted), or a write
+    /// succeeded (`bytes` 0): a full disk is no longer assumed, and copies
+    /// that stopped for lack of space are queued again. The buffer is told
+    /// (`take_space_returned`) once a segment's worth (at most 1 MiB) has
+    /// been freed since a write first failed for lack of space, not at
+    /// every block: each time it is told it tries every value over the
+    /// target again. A successful write does not count: it may be
+    /// compaction's, which the buffer's back-off knows nothing of.
+    fn space_freed(&self, g: &mut Segments<K>, bytes: u64) {
+        self.disk_full.store(false, Relaxed);
+        if bytes > 0 {
+            let waiting = self.awaiting_space.fetch_update(Relaxed, Relaxed, |w| {
+                (w > 0).then(|| w.saturating_sub(bytes))
+            });
+            if waiting.is_ok_and(|w| w <= bytes) {
+                self.space_returned.store(true, Relaxed);
+            }
+        }
+        for id in std::mem::take(&mut g.stalled) {
+            if let Some(s) = g.segs.get_mut(&id) {
+                if !s.compacting {
+                    s.compacting = true;
+                    g.to_compact.push(id);
+                }
+            }
+        }
+    }
+
+    /// A write or a file creation found the file system full: from now on
+    /// dead ranges are punched as soon as a segment has enough of them, and
+    /// every segment that already has is queued for it now.
+    fn note_disk_full(&self, g: &mut Segments<K>) {
+        if self.disk_full.swap(true, Relaxed) {
+            return;
+        }
+        // Armed once per wait: a failure while already waiting keeps
+        // what has been freed so far.
+        let _ = self.awaiting_space.compare_exchange(
+            0,
+            self.cfg.segment_size.clamp(1, 1 << 20),
+            Relaxed,
+            Relaxed,
+        );
+        let ids: Vec<u32> = g.segs.keys().copied().collect();
+        for id in ids {
+            self.consider(g, id);
+        }
     }
 
     /// Append one sealed record for `key`. Runs on the IO pool.
@@ -243,6 +337,20 @@ impl<K: Clone + Debug> Store<K> {
         self.write_records_with(records, |file, offset| file.write_pieces_at(pieces, offset))
     }
 
+    /// Write a copy of `key`'s sealed record (compaction). Outside the
+    /// `max_spill` check: the original dies as soon as the copy is in
+    /// place, so a copy moves live bytes rather than adding to them, and a
+    /// budget spent to the last byte must not stop the compaction that
+    /// gives space back. Runs on the IO pool.
+    pub(crate) fn write_copy(&self, key: &K, record: &[u8]) -> Result<DiskLoc> {
+        let len = record.len() as u64;
+        self.reserved.fetch_add(len, Relaxed);
+        let locs = self.append(&[(key, len)], |file, offset| {
+            file.write_all_at(record, offset)
+        })?;
+        Ok(locs[0])
+    }
+
     /// Append records of the given keys and lengths, laid back to back,
     /// whose bytes `write` puts into the file from the offset it is given
     /// (in whatever order and calls it likes). All are written or none.
@@ -252,8 +360,83 @@ impl<K: Clone + Debug> Store<K> {
         records: &[(&K, u64)],
         write: impl FnOnce(&dyn SegmentFile, u64) -> std::io::Result<()>,
     ) -> Result<Vec<DiskLoc>> {
+        self.reserve(records.iter().map(|r| r.1).sum::<u64>())?;
+        self.append(records, write)
+    }
+
+    /// Write `key`'s sealed record at `offset` of segment `seg`, over dead
+    /// bytes below its end (compaction in place, [`Store::compact`]): the
+    /// caller vouches that no live record and no hole lies in the range.
+    /// Outside the `max_spill` check, like [`Store::write_copy`]. Runs on
+    /// the IO pool.
+    pub(crate) fn write_within(
+        &self,
+        seg: u32,
+        offset: u64,
+        key: &K,
+        record: &[u8],
+    ) -> Result<DiskLoc> {
+        let len = record.len() as u64;
+        let (file, path) = {
+            let mut g = self.inner.lock();
+            let Some(s) = g.segs.get_mut(&seg) else {
+                return Err(Error::io(
+                    "compact segment",
+                    self.dirs[0].join(segment_name(seg)),
+                    std::io::Error::new(std::io::ErrorKind::NotFound, "segment released"),
+                ));
+            };
+            debug_assert!(offset + len <= s.end);
+            // Counted as a write in flight, so the segment is not deleted
+            // under it.
+            s.writes += 1;
+            (Arc::clone(&s.file), s.path.clone())
+        };
+        self.reserved.fetch_add(len, Relaxed);
+        let res = file.write_all_at(record, offset);
+        let loc = DiskLoc::new(seg, offset, len);
+        let mut dead = None;
+        {
+            let mut g = self.inner.lock();
+            if let Some(s) = g.segs.get_mut(&seg) {
+                s.writes -= 1;
+                if res.is_ok() {
+                    s.live += len;
+                    s.records.insert(offset, (len, key.clone()));
+                } else if s.is_dead() {
+                    dead = g.segs.remove(&seg);
+                }
+            }
+            if let Err(e) = &res {
+                if crate::error::is_no_space(e) {
+                    self.note_disk_full(&mut g);
+                }
+            }
+        }
+        if let Some(seg) = dead {
+            self.delete(self.forget(seg));
+        }
+        match res {
+            Ok(()) => {
+                self.disk_bytes.fetch_add(len, Relaxed);
+                self.disk_count.fetch_add(1, Relaxed);
+                Ok(loc)
+            }
+            Err(e) => {
+                self.reserved.fetch_sub(len, Relaxed);
+                Err(Error::write("compact segment", path, e))
+            }
+        }
+    }
+
+    /// Allocate, write and account records whose bytes are already
+    /// reserved against `max_spill` (given back on failure).
+    fn append(
+        &self,
+        records: &[(&K, u64)],
+        write: impl FnOnce(&dyn SegmentFile, u64) -> std::io::Result<()>,
+    ) -> Result<Vec<DiskLoc>> {
         let len = records.iter().map(|r| r.1).sum::<u64>();
-        self.reserve(len)?;
         let (loc, file, path) = match self.allocate(len) {
             Ok(a) => a,
             Err(e) => {
@@ -293,6 +476,11 @@ impl<K: Clone + Debug> Store<K> {
                     }
                 }
             }
+            match &res {
+                Ok(()) if self.disk_full.load(Relaxed) => self.space_freed(&mut g, 0),
+                Err(e) if crate::error::is_no_space(e) => self.note_disk_full(&mut g),
+                _ => {}
+            }
         }
         if let Some(seg) = dead {
             self.delete(self.forget(seg));
@@ -305,7 +493,7 @@ impl<K: Clone + Debug> Store<K> {
             }
             Err(e) => {
                 self.reserved.fetch_sub(len, Relaxed);
-                Err(Error::io("write record", path, e))
+                Err(Error::write("write record", path, e))
             }
         }
     }
@@ -337,8 +525,12 @@ impl<K: Clone + Debug> Store<K> {
             let file = match self.storage.create(&path) {
                 Ok(f) => f,
                 Err(e) => {
-                    self.inner.lock().failed_until[dir] = Some(Instant::now() + DIR_BACKOFF);
-                    return Err(Error::io("create segment", path, e));
+                    let mut g = self.inner.lock();
+                    g.failed_until[dir] = Some(Instant::now() + DIR_BACKOFF);
+                    if crate::error::is_no_space(&e) {
+                        self.note_disk_full(&mut g);
+                    }
+                    return Err(Error::write("create segment", path, e));
                 }
             };
             let mut seg = Segment {
@@ -347,6 +539,9 @@ impl<K: Clone + Debug> Store<K> {
                 dir,
                 end: 0,
                 live: 0,
+                punched: 0,
+                holes: Vec::new(),
+                dead_seen: 0,
                 records: HashMap::new(),
                 writes: 0,
                 sealed: own_file,
@@ -383,28 +578,6 @@ impl<K: Clone + Debug> Store<K> {
         }
     }
 
-    /// Read the whole record at `loc` into `buf` (resized to fit). Returns
-    /// the path of its file, for error messages.
-    pub(crate) fn read(&self, loc: DiskLoc, buf: &mut Vec<u8>) -> Result<PathBuf> {
-        let (file, path) = self.file(loc)?;
-        let len = usize::try_from(loc.len()).map_err(|_| {
-            Error::io(
-                "read record",
-                path.clone(),
-                std::io::Error::other("record larger than the address space"),
-            )
-        })?;
-        // Avoid zero-filling a buffer that is about to be overwritten: only
-        // grow the initialised length when it is too short.
-        if buf.len() < len {
-            buf.resize(len, 0);
-        }
-        buf.truncate(len);
-        file.read_exact_at(&mut buf[..len], loc.offset)
-            .map_err(|e| Error::io("read record", path.clone(), e))?;
-        Ok(path)
-    }
-
     /// The open file holding `loc`, and its path, for a reader that reads
     /// the record piece by piece. The handle keeps the file readable even
     /// if the segment is released meanwhile.
@@ -431,7 +604,12 @@ impl<K: Clone + Debug> Store<K> {
         seg.live -= loc.len();
         self.disk_bytes.fetch_sub(loc.len(), Relaxed);
         self.disk_count.fetch_sub(1, Relaxed);
-        self.reserved.fetch_sub(loc.len(), Relaxed);
+        let used = self.reserved.fetch_sub(loc.len(), Relaxed) - loc.len();
+        let refused = self.refused.load(Relaxed);
+        if refused != 0 && used.saturating_add(refused) <= self.cfg.max_spill {
+            self.refused.store(0, Relaxed);
+            self.space_returned.store(true, Relaxed);
+        }
         if seg.is_dead() {
             let seg = g.segs.remove(&loc.seg).expect("segment present");
             drop(g);
@@ -442,8 +620,9 @@ impl<K: Clone + Debug> Store<K> {
     }
 
     fn forget(&self, seg: Segment<K>) -> DeadSegment {
-        self.file_bytes.fetch_sub(seg.end, Relaxed);
+        self.file_bytes.fetch_sub(seg.end - seg.punched, Relaxed);
         DeadSegment {
+            occupied: seg.end - seg.punched,
             path: seg.path,
             _file: seg.file,
         }
@@ -454,6 +633,13 @@ impl<K: Clone + Debug> Store<K> {
     pub(crate) fn delete(&self, dead: DeadSegment) {
         if let Err(e) = self.storage.remove(&dead.path) {
             tracing::warn!(path = %dead.path.display(), error = %e, "could not delete spill segment");
+        }
+        // The space is the file system's again once the last handle goes
+        // (a reader may still hold one for a moment).
+        let bytes = dead.occupied;
+        drop(dead);
+        if self.disk_full.load(Relaxed) || self.awaiting_space.load(Relaxed) > 0 {
+            self.space_freed(&mut self.inner.lock(), bytes);
         }
     }
 
@@ -483,10 +669,27 @@ impl<K: Clone + Debug> Store<K> {
                 if off + len > s.end {
                     return Err(format!("segment {id}: record at {off} passes the end"));
                 }
+                if s.holes.iter().any(|&(a, b)| off < b && a < off + len) {
+                    return Err(format!("segment {id}: record at {off} lies in a hole"));
+                }
+            }
+            let holes: u64 = s.holes.iter().map(|(a, b)| b - a).sum();
+            let ordered = s.holes.windows(2).all(|w| w[0].1 < w[1].0);
+            let aligned = s.holes.iter().all(|&(a, b)| {
+                a % storage::PUNCH_BLOCK == 0
+                    && b % storage::PUNCH_BLOCK == 0
+                    && a < b
+                    && b <= s.end
+            });
+            if holes != s.punched || !ordered || !aligned {
+                return Err(format!(
+                    "segment {id}: holes {:?} do not add up to {} punched bytes",
+                    s.holes, s.punched
+                ));
             }
             live += s.live;
             count += s.records.len() as u64;
-            end += s.end;
+            end += s.end - s.punched;
         }
         if live != self.disk_bytes() || count != self.disk_count() {
             return Err(format!(

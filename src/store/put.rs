@@ -99,7 +99,9 @@ impl<K: Clone + Debug> Store<K> {
                     done(i, Ok(loc));
                 }
             }
-            Err(_) if packed.len() > 1 => {
+            // A full disk fails them all alike: one by one they would
+            // only fill the last partial block, each failure counted.
+            Err(e) if packed.len() > 1 && !matches!(e, Error::DiskFull { .. }) => {
                 let mut at = 0usize;
                 for &(i, len) in packed {
                     let rec = &buf[at..at + len as usize];

@@ -32,9 +32,27 @@ pub trait SegmentFile: Send + Sync + 'static {
         Ok(())
     }
 
-    /// Fill all of `buf` from `offset`.
+    /// Fill all of `buf` from `offset`. A file that ends before
+    /// `offset + buf.len()` is an error of kind `UnexpectedEof`, never a
+    /// signal: implementations must not read through a memory map.
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+
+    /// Give the bytes `offset..offset + len` back to the file system while
+    /// keeping the file's length (a hole: they read as zeros afterwards).
+    /// The store calls it only on ranges no live record occupies, aligned
+    /// to 4 KiB blocks. Defaults to: `ErrorKind::Unsupported`, after
+    /// which the store stops asking and reclaims space by copying only.
+    fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()> {
+        let _ = (offset, len);
+        Err(io::ErrorKind::Unsupported.into())
+    }
 }
+
+/// The granule the store punches holes in: a range is given back only in
+/// whole blocks of this size, the allocation unit of the common Linux file
+/// systems (ext4, xfs, btrfs, tmpfs). On a file system with larger blocks
+/// fewer bytes are freed than counted.
+pub(crate) const PUNCH_BLOCK: u64 = 4096;
 
 /// Segment files on the local file system.
 #[derive(Debug, Default, Clone, Copy)]
@@ -48,11 +66,7 @@ impl Storage for FsStorage {
         #[cfg(unix)]
         std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
         let file = options.open(path)?;
-        Ok(Arc::new(FsFile {
-            file,
-            #[cfg(unix)]
-            map: parking_lot::RwLock::new(None),
-        }))
+        Ok(Arc::new(FsFile { file }))
     }
 
     fn remove(&self, path: &Path) -> io::Result<()> {
@@ -60,62 +74,15 @@ impl Storage for FsStorage {
     }
 }
 
-/// Reads shorter than this copy out of the map; longer ones use `pread()`,
-/// which costs the same per byte once the syscall is amortised, and leaves
-/// no file pages mapped into the process (mapped pages count in its RSS,
-/// which hosts watch).
-#[cfg(unix)]
-const MAP_BELOW: usize = 64 << 10;
-
-/// A segment file. On Unix, small reads copy out of a read-only shared map of
-/// the file rather than calling `pread()`: on this class of machine a
-/// syscall costs ~0.8 µs, several times the copy of a 4 KiB record (see
-/// docs/read-path.md for the measurements). Writes stay `pwrite()`.
+/// A segment file. Every read is a positioned `pread()`, never a load from
+/// a memory map: a map turns a file shortened underneath the buffer (by
+/// another process of the same user, or root) into SIGBUS, which kills the
+/// host; `pread()` turns it into a short read, which the store reports as
+/// `Error::Corrupt` naming the key and file. What that costs is measured in
+/// docs/read-path.md. Writes are `pwrite()`; dead ranges are given back to
+/// the file system with `fallocate(FALLOC_FL_PUNCH_HOLE)` on Linux.
 struct FsFile {
     file: File,
-    /// The file mapped up to its length when last mapped; re-mapped when a
-    /// read reaches past it (the file grows as records are appended).
-    #[cfg(unix)]
-    map: parking_lot::RwLock<Option<Arc<memmap2::Mmap>>>,
-}
-
-#[cfg(unix)]
-impl FsFile {
-    /// A map covering `end`, mapping the file again if it has grown.
-    /// `None` when the file is shorter than `end` or mapping fails; the
-    /// caller then falls back to `pread()`, which reports the error.
-    fn map_covering(&self, end: u64) -> Option<Arc<memmap2::Mmap>> {
-        if let Some(m) = self.map.read().as_ref() {
-            if m.len() as u64 >= end {
-                return Some(Arc::clone(m));
-            }
-        }
-        let mut slot = self.map.write();
-        if let Some(m) = slot.as_ref() {
-            if m.len() as u64 >= end {
-                return Some(Arc::clone(m));
-            }
-        }
-        let len = self.file.metadata().ok()?.len();
-        if len < end || len == 0 {
-            return None;
-        }
-        let len = usize::try_from(len).ok()?;
-        // SAFETY: a map is only sound while the mapped bytes neither change
-        // under a reader nor disappear. Segment files are private to this
-        // buffer (a fresh sub-directory nobody else writes) and append-only:
-        // the store never truncates or shrinks them, and writes go only to
-        // ranges allocated past every existing record, which no reader
-        // touches until that write has completed (a record becomes visible
-        // to readers through the index only afterwards). Failed writes leave
-        // ranges nothing points at. Deleting the file (unlink) keeps the
-        // mapped pages valid until the map is dropped. The map is read-only
-        // and covers only bytes the file already had when it was made.
-        let map = unsafe { memmap2::MmapOptions::new().len(len).map(&self.file) }.ok()?;
-        let map = Arc::new(map);
-        *slot = Some(Arc::clone(&map));
-        Some(map)
-    }
 }
 
 #[cfg(unix)]
@@ -125,15 +92,19 @@ impl SegmentFile for FsFile {
     }
 
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        let end = offset
-            .checked_add(buf.len() as u64)
-            .filter(|_| buf.len() < MAP_BELOW);
-        if let Some(map) = end.and_then(|end| self.map_covering(end)) {
-            let at = offset as usize;
-            buf.copy_from_slice(&map[at..at + buf.len()]);
-            return Ok(());
-        }
         std::os::unix::fs::FileExt::read_exact_at(&self.file, buf, offset)
+    }
+
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()> {
+        use rustix::fs::{fallocate, FallocateFlags};
+        fallocate(
+            &self.file,
+            FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
+            offset,
+            len,
+        )
+        .map_err(io::Error::from)
     }
 }
 
@@ -173,7 +144,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reads_follow_a_growing_file_and_fail_past_its_end() {
+    fn reads_follow_a_growing_file_and_fail_past_its_end_or_after_truncation() {
         let tmp = tempfile::tempdir().unwrap();
         let f = FsStorage.create(&tmp.path().join("seg")).unwrap();
         f.write_all_at(b"first record", 0).unwrap();
@@ -193,5 +164,35 @@ mod tests {
         let mut back = vec![0u8; big.len()];
         f.read_exact_at(&mut back, 18).unwrap();
         assert_eq!(back, big);
+        // Shortened underneath: a short read, not a signal.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(tmp.path().join("seg"))
+            .unwrap()
+            .set_len(10)
+            .unwrap();
+        let err = f.read_exact_at(&mut buf, 6).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_punched_hole_reads_as_zeros_and_keeps_the_length() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("seg");
+        let f = FsStorage.create(&path).unwrap();
+        f.write_all_at(&vec![9u8; 4 * PUNCH_BLOCK as usize], 0)
+            .unwrap();
+        match f.punch_hole(PUNCH_BLOCK, 2 * PUNCH_BLOCK) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Unsupported => return,
+            Err(e) => panic!("{e}"),
+        }
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 4 * PUNCH_BLOCK);
+        let mut b = vec![1u8; 3 * PUNCH_BLOCK as usize];
+        f.read_exact_at(&mut b, 0).unwrap();
+        let n = PUNCH_BLOCK as usize;
+        assert!(b[..n].iter().all(|&x| x == 9));
+        assert!(b[n..].iter().all(|&x| x == 0));
     }
 }
