@@ -166,8 +166,10 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
         Ok(())
     }
 
-    /// Insert, then wait until memory (resident values, including those
-    /// being written) is at or below `memory_limit`. Waiters resume in
+    /// Insert, then wait until memory (every value the buffer holds:
+    /// resident ones, including those being written, and detached ones —
+    /// values of removed or replaced keys still held by a pin or a write;
+    /// `Stats::memory_bytes`) is at or below `memory_limit`. Waiters resume in
     /// arrival order. This is the back-pressure a producer should use.
     ///
     /// # Errors
