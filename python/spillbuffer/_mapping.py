@@ -131,6 +131,12 @@ class SpillBuffer(MutableMapping):
     weight
         ``weight(value) -> int``: the bytes a value counts for. Defaults to
         ``dask.sizeof.sizeof`` when dask is importable, else ``sys.getsizeof``.
+    write_headroom
+        Keep memory free for the copies writes make: each IO thread writing
+        a value holds an encoded copy of it until the write lands, so the
+        target the buffer evicts to is lowered by ``io_threads`` times the
+        heaviest value inserted so far (down to a quarter of ``target`` at
+        most). Off by default; the Dask factory turns it on.
     evict_in_flight
         ``evict()`` (the memory monitor's manual eviction) declines, returning
         -1, while this many bytes or more are still being written, so that a
@@ -150,6 +156,7 @@ class SpillBuffer(MutableMapping):
         compression: str | None = "lz4",
         io_threads: int = 2,
         weight: Callable[[object], int] | None = None,
+        write_headroom: bool = False,
         evict_in_flight: int | None = None,
     ):
         if not isinstance(directory, (str, os.PathLike)):
@@ -181,6 +188,9 @@ class SpillBuffer(MutableMapping):
         self.max_spill = False if max_spill is None else max_spill
         self._weight = weight if weight is not None else _default_weight()
         self._core = _native.Core(directory, target, limit, max_spill, compression, io_threads, dumps)
+        self._io_threads = io_threads
+        self._write_headroom = bool(write_headroom)
+        self._heaviest = 0
         self._seen = dict.fromkeys(_COUNTERS, 0)
         self._memory_reads = 0
         self._memory_read_bytes = 0
@@ -190,7 +200,11 @@ class SpillBuffer(MutableMapping):
 
     def __setitem__(self, key: object, value: object) -> None:
         """Insert; never waits for disk. Spills run on the IO pool."""
-        self._core.set(key, value, int(self._weight(value)))
+        weight = int(self._weight(value))
+        if self._write_headroom and weight > self._heaviest:
+            self._heaviest = weight
+            self._core.set_target(max(self.target - self._io_threads * weight, self.target // 4))
+        self._core.set(key, value, weight)
         self._digest_io()
         self._report_errors()
 

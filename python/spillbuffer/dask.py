@@ -34,11 +34,16 @@ def data(**options: Any) -> tuple:
     """The ``data=`` argument of a Dask worker that makes its ``data`` a
     ``SpillBuffer``. ``options`` are ``SpillBuffer``'s (``target``,
     ``limit``, ``max_spill``, ``compression``, ``io_threads``,
-    ``evict_in_flight``); ``target`` and ``max_spill`` default to what the
+    ``write_headroom``, ``evict_in_flight``); ``target`` and ``max_spill`` default to what the
     worker would give its own spill buffer (``memory_limit`` times
     ``distributed.worker.memory.target``, and
-    ``distributed.worker.memory.max-spill``)."""
-    unknown = set(options) - {"target", "limit", "max_spill", "compression", "io_threads", "evict_in_flight"}
+    ``distributed.worker.memory.max-spill``). ``compression`` defaults to
+    ``None`` here, as a worker's own (lz4 only if the ``lz4`` package is
+    installed): arrays of floats rarely compress, and trying costs an
+    extra buffer of the record's size per IO thread."""
+    unknown = set(options) - {
+        "target", "limit", "max_spill", "compression", "io_threads", "write_headroom", "evict_in_flight"
+    }
     if unknown:
         raise TypeError(f"unknown SpillBuffer options: {', '.join(sorted(unknown))}")
     return (worker_buffer, options)
@@ -64,6 +69,16 @@ def _memory_manager():
         del frame
 
 
+def _process_memory() -> int:
+    """Resident memory of this process now (the worker before any data)."""
+    try:
+        import psutil
+
+        return psutil.Process().memory_info().rss
+    except Exception:  # psutil is a dependency of distributed; be safe anyway
+        return 0
+
+
 def worker_buffer(worker_local_directory: str, **options: Any) -> SpillBuffer:
     """Build a worker's ``SpillBuffer`` under its local directory (the
     callable of ``data()``)."""
@@ -74,11 +89,18 @@ def worker_buffer(worker_local_directory: str, **options: Any) -> SpillBuffer:
             manager, "memory_spill_fraction", None
         )
         if limit and fraction:
-            options["target"] = int(limit * fraction)
+            # The worker's memory monitor holds *process* memory to this
+            # fraction of the limit (it evicts above the spill threshold
+            # until process memory is back under it); aim managed memory
+            # at what leaves room for the process's own, so that the
+            # buffer's eviction and the monitor's do not fight.
+            options["target"] = max(int(limit * fraction) - _process_memory(), int(limit * fraction) // 2)
         else:
             # No memory limit: spill only when told to (evict()).
             options["target"] = 1 << 62
             logger.info("worker has no memory limit: spillbuffer spills only on evict()")
+    options.setdefault("compression", None)
+    options.setdefault("write_headroom", True)
     if "max_spill" not in options and manager is not None:
         options["max_spill"] = manager.max_spill
     return SpillBuffer(os.path.join(worker_local_directory, "spillbuffer"), **options)

@@ -6,11 +6,12 @@
 
 use crate::frames::RecordView;
 use crate::key::PyKey;
+use crate::record::parse_envelope;
 use crate::value::{Hooks, PyValue};
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyKeyError, PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyBytes, PyDict, PyList};
 use spillbuffer::{Compression, Error, Spill, SpillBuffer, Stats};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -80,25 +81,47 @@ impl Core {
     }
 
     /// The Python object of a pinned value: the inserted object, or the one
-    /// deserialized from the record's frames by `loads`.
+    /// deserialized by `loads` from the frames of a record read back (the
+    /// key's layout says whether the record is a raw frame or an envelope).
     fn object_of(
         &self,
         py: Python<'_>,
+        key: &PyKey,
         value: &PyValue,
         loads: &Bound<'_, PyAny>,
     ) -> PyResult<PyObject> {
         if let Some(obj) = value.object(py) {
             return Ok(obj);
         }
-        let (rec, ranges) = value
-            .frames()
-            .ok_or_else(|| PyRuntimeError::new_err("value read back has no frames"))?;
-        let views = ranges
-            .into_iter()
-            .map(|(a, b)| Py::new(py, RecordView::new(Arc::clone(&rec), a, b)))
-            .collect::<PyResult<Vec<_>>>()?;
+        let rec = value
+            .record()
+            .ok_or_else(|| PyRuntimeError::new_err("value without an object or a record"))?;
+        let layout = self
+            .hooks
+            .layouts
+            .lock()
+            .get(key)
+            .and_then(|(_, layout)| layout.clone());
+        let view = |a, b| Py::new(py, RecordView::new(Arc::clone(rec), a, b)).map(Py::into_any);
+        let frames: Vec<PyObject> = match layout {
+            Some(layout) => {
+                let mut frames = Vec::with_capacity(layout.small.len() + 1);
+                for small in &layout.small {
+                    frames.push(PyBytes::new(py, small).into_any().unbind());
+                }
+                frames.insert(layout.raw_at, view(0, rec.len())?);
+                frames
+            }
+            None => parse_envelope(rec.as_slice())
+                .map_err(|e| {
+                    PyRuntimeError::new_err(format!("record of key {key:?} is damaged: {e}"))
+                })?
+                .into_iter()
+                .map(|(a, b)| view(a, b))
+                .collect::<PyResult<_>>()?,
+        };
         let start = Instant::now();
-        let obj = loads.call1((PyList::new(py, views)?,))?;
+        let obj = loads.call1((PyList::new(py, frames)?,))?;
         self.deserialize_nanos
             .fetch_add(start.elapsed().as_nanos() as u64, Relaxed);
         Ok(value.set_object(py, obj.unbind()))
@@ -151,6 +174,7 @@ impl Core {
                 fresh_bytes: AtomicU64::new(0),
                 errors: Mutex::new(Vec::new()),
                 has_errors: AtomicBool::new(false),
+                layouts: Mutex::new(HashMap::new()),
             }),
             known: Mutex::new(HashMap::new()),
             weight_total: AtomicU64::new(0),
@@ -171,6 +195,7 @@ impl Core {
         let v = PyValue::new(k.clone(), value, weight, Arc::clone(&self.hooks));
         // Remembered before the insert: the buffer may spill it at once.
         self.remember(k.clone(), weight, &v.token);
+        self.hooks.layouts.lock().insert(k.clone(), (v.id(), None));
         buf.insert(k, v).map_err(to_py_err)
     }
 
@@ -187,7 +212,7 @@ impl Core {
         let k = PyKey::from_py(key)?;
         if let Some(p) = buf.try_pin(&k) {
             self.mark_resident(&k, &p);
-            let obj = self.object_of(py, &p, loads)?;
+            let obj = self.object_of(py, &k, &p, loads)?;
             return Ok((obj, p.weight(), false));
         }
         let pinned = py.allow_threads(|| buf.get(&k)).map_err(to_py_err)?;
@@ -195,7 +220,7 @@ impl Core {
             return Err(PyKeyError::new_err(key.clone().unbind()));
         };
         self.mark_resident(&k, &p);
-        let obj = self.object_of(py, &p, loads)?;
+        let obj = self.object_of(py, &k, &p, loads)?;
         Ok((obj, p.weight(), true))
     }
 
@@ -211,7 +236,9 @@ impl Core {
         if let Some(old) = self.known.lock().remove(&k) {
             self.weight_total.fetch_sub(old.weight as u64, Relaxed);
         }
-        if buf.remove(&k) {
+        let removed = buf.remove(&k);
+        self.hooks.layouts.lock().remove(&k);
+        if removed {
             Ok(())
         } else {
             Err(PyKeyError::new_err(key.clone().unbind()))
@@ -413,6 +440,7 @@ impl Core {
     fn close(&self, py: Python<'_>) {
         let buf = self.buf.lock().take();
         self.known.lock().clear();
+        self.hooks.layouts.lock().clear();
         py.allow_threads(move || drop(buf));
     }
 

@@ -2,7 +2,7 @@
 //! so that Python deserializers (numpy's among them) build their objects on
 //! the buffer's own memory, with no copy.
 
-use crate::value::Record;
+use crate::record::Record;
 use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;

@@ -1,123 +1,99 @@
 //! [`PyValue`]: a Python object as a [`Spill`] value.
 //!
-//! A value inserted from Python holds the object. When the buffer spills
-//! it, `encode` runs on an IO thread: it takes the GIL only to call the
-//! Python serializer (which returns a list of frames, zero-copy views for
-//! numpy), then releases it and copies the frames into the record. A value
-//! read back holds the record's bytes, in memory the buffer allocated and
-//! the disk read filled; Python gets views of those bytes ([`crate::frames`])
-//! and deserializes them on first access, on the caller's thread.
-//!
-//! The encoded form is an envelope of frames, each aligned to 64 bytes so
-//! that arrays read back are aligned too:
-//! `b"SBv1" | u32 frame count | u64 weight | u64 length per frame | pad | frames (each padded)`.
+//! A value inserted from Python holds the object. When the buffer writes
+//! it out, on an IO thread, it takes the GIL only to call the Python
+//! serializer (which returns frames, zero-copy views for numpy) and to get
+//! buffer views of them, then lets it go: a large frame is written
+//! straight from the object's memory ([`crate::record`], raw layout), other
+//! values are copied into a self-describing envelope. A value read back
+//! holds the record's bytes, in memory the buffer allocated and the disk
+//! read filled; Python gets views of those bytes ([`crate::frames`]) and
+//! deserializes them on first access, on the caller's thread.
 
 use crate::key::PyKey;
+use crate::record::{write_envelope, Layout, Record, RecordBytes, RAW_MIN};
+use parking_lot::Mutex;
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use spillbuffer::{BoxError, Spill};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-const MAGIC: &[u8; 4] = b"SBv1";
-const ALIGN: usize = 64;
+/// A key's current value (the address of its token) and, once that value
+/// was written raw, its [`Layout`].
+pub type LayoutEntry = (usize, Option<Arc<Layout>>);
 
-fn pad(n: usize) -> usize {
-    n.next_multiple_of(ALIGN)
-}
-
-/// The Python side of one buffer: its serializer and where failures go.
+/// What the values of one buffer share: the serializer, and what IO
+/// threads hand back to the mapping.
 pub struct Hooks {
     /// `dumps(obj) -> list` of C-contiguous byte buffers.
     pub dumps: PyObject,
     /// Values that failed to serialize, with the exception, waiting to be
     /// reported by the mapping on the caller's thread.
-    pub errors: parking_lot::Mutex<Vec<(PyKey, PyErr)>>,
+    pub errors: Mutex<Vec<(PyKey, PyErr)>>,
     /// Whether `errors` may hold something (checked on every call).
     pub has_errors: AtomicBool,
+    /// Per key: set on insert, filled by the write.
+    pub layouts: Mutex<HashMap<PyKey, LayoutEntry>>,
     /// Nanoseconds spent in `dumps`, for the metrics.
     pub serialize_nanos: AtomicU64,
-    /// Values inserted from Python encoded for a write, and their encoded
-    /// bytes: any other record written is a value written again.
+    /// Values inserted from Python serialized for a write, and their
+    /// encoded bytes: any other record written is a value written again.
     pub fresh_encodes: AtomicU64,
     /// See `fresh_encodes`.
     pub fresh_bytes: AtomicU64,
 }
 
-/// Bytes of a value read back, owned by the buffer and shared with the
-/// Python views of them.
-pub type Record = Arc<RecordBytes>;
-
-/// A heap block of bytes that Python may write to through a frame view
-/// (see [`crate::frames::RecordView`]), hence held as a raw pointer rather
-/// than a `Box<[u8]>` that Rust would assume immutable behind an `Arc`.
-pub struct RecordBytes {
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: the block is owned by this struct alone and freed once, in Drop.
-// Rust reads it (the envelope header, when read back; `as_encoded` if the
-// value is ever spilled again) and Python may write to the frames through
-// the buffer protocol; a task writing into its input while that input is
-// being spilled is a race Python's own buffers have too.
-unsafe impl Send for RecordBytes {}
-// SAFETY: as above.
-unsafe impl Sync for RecordBytes {}
-
-impl RecordBytes {
-    fn new(bytes: Box<[u8]>) -> Self {
-        let len = bytes.len();
-        RecordBytes {
-            ptr: Box::into_raw(bytes) as *mut u8,
-            len,
-        }
-    }
-
-    /// The bytes.
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: `ptr` is the live allocation of `len` bytes made in `new`.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-
-    /// Start of the block, for the buffer protocol.
-    pub fn as_ptr(&self) -> *mut u8 {
-        self.ptr
-    }
-
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
+impl Hooks {
+    fn add_time(counter: &AtomicU64, since: Instant) {
+        counter.fetch_add(since.elapsed().as_nanos() as u64, Relaxed);
     }
 }
 
-impl Drop for RecordBytes {
-    fn drop(&mut self) {
-        // SAFETY: made by `Box::into_raw` of a `len`-byte slice in `new`.
-        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.len)) });
+/// The frames of a serialized value, held (exported) until it is dropped.
+struct Serialized {
+    frames: Vec<PyBuffer<u8>>,
+    /// The frame written raw, if the value qualifies.
+    raw_at: Option<usize>,
+}
+
+impl Serialized {
+    fn bytes(&self, i: usize) -> &[u8] {
+        let f = &self.frames[i];
+        // SAFETY: the buffer is held (exported) for as long as `self`
+        // lives, so its memory stays valid and in place; it is
+        // C-contiguous (checked when taken) and `len_bytes` long. Reading
+        // it does not need the GIL.
+        unsafe { std::slice::from_raw_parts(f.buf_ptr() as *const u8, f.len_bytes()) }
     }
 }
 
 enum Body {
     /// Inserted from Python: the object itself.
     Object(PyObject),
-    /// Read back from disk: the envelope's bytes.
+    /// Read back from disk: the record's bytes.
     Encoded(Record),
+    /// Being dropped.
+    Gone,
 }
 
 /// A Python object held by the buffer.
 pub struct PyValue {
     weight: usize,
     body: Body,
+    /// For an inserted value: its serialization, made on the first write.
+    serialized: OnceLock<Serialized>,
     /// For a value read back: the object deserialized from it at its first
     /// access, handed to every later one.
     object: OnceLock<PyObject>,
-    /// The key, to name in a failure report (inserted values only).
+    /// The key (inserted values only): to file its layout under, and to
+    /// name in a failure report.
     key: Option<PyKey>,
     hooks: Option<Arc<Hooks>>,
-    /// Set once serialization failed and was reported: later spills of
+    /// Set once serialization failed and was reported: later writes of
     /// this value fail at once (it stays in memory), logged once.
     reported: AtomicBool,
     /// Alive as long as the buffer holds this value in memory; the mapping
@@ -131,6 +107,7 @@ impl PyValue {
         PyValue {
             weight,
             body: Body::Object(obj),
+            serialized: OnceLock::new(),
             object: OnceLock::new(),
             key: Some(key),
             hooks: Some(hooks),
@@ -139,31 +116,50 @@ impl PyValue {
         }
     }
 
-    /// The inserted object, if this value is one.
+    /// Identifies this value in [`Hooks::layouts`].
+    pub fn id(&self) -> usize {
+        Arc::as_ptr(&self.token) as usize
+    }
+
+    /// The inserted object, or the one already deserialized from a value
+    /// read back.
     pub fn object(&self, py: Python<'_>) -> Option<PyObject> {
         match &self.body {
             Body::Object(o) => Some(o.clone_ref(py)),
-            Body::Encoded(_) => self.object.get().map(|o| o.clone_ref(py)),
+            _ => self.object.get().map(|o| o.clone_ref(py)),
         }
     }
 
     /// Remember the object deserialized from a value read back; returns the
     /// one to hand out (another thread's, if it was first).
     pub fn set_object(&self, py: Python<'_>, obj: PyObject) -> PyObject {
-        let kept = self.object.get_or_init(|| obj);
-        kept.clone_ref(py)
+        self.object.get_or_init(|| obj).clone_ref(py)
     }
 
-    /// For a value read back: its bytes and the frame ranges within them.
-    pub fn frames(&self) -> Option<(Record, Vec<(usize, usize)>)> {
+    /// For a value read back: its record.
+    pub fn record(&self) -> Option<&Record> {
         match &self.body {
-            Body::Encoded(rec) => parse(rec.as_slice()).ok().map(|r| (Arc::clone(rec), r.1)),
-            Body::Object(_) => None,
+            Body::Encoded(rec) => Some(rec),
+            _ => None,
         }
     }
 
-    /// Serialize under the GIL; hand back the frames as held buffers.
-    fn serialize(&self, obj: &PyObject, hooks: &Hooks) -> Result<Vec<PyBuffer<u8>>, BoxError> {
+    /// The serialization, made now (under the GIL) if not yet.
+    fn serialized(&self, obj: &PyObject, hooks: &Hooks) -> Result<&Serialized, BoxError> {
+        if let Some(s) = self.serialized.get() {
+            return Ok(s);
+        }
+        if self.reported.load(Relaxed) {
+            // It failed before and Python objects rarely become picklable:
+            // fail at once, without the GIL or another log line.
+            return Err("this value failed to serialize before".into());
+        }
+        let s = self.serialize(obj, hooks)?;
+        hooks.fresh_encodes.fetch_add(1, Relaxed);
+        Ok(self.serialized.get_or_init(|| s))
+    }
+
+    fn serialize(&self, obj: &PyObject, hooks: &Hooks) -> Result<Serialized, BoxError> {
         Python::with_gil(|py| {
             let start = Instant::now();
             let res = (|| -> PyResult<Vec<PyBuffer<u8>>> {
@@ -181,55 +177,48 @@ impl PyValue {
                 }
                 Ok(out)
             })();
-            Hooks::add(&hooks.serialize_nanos, start);
-            res.map_err(|e| {
-                let text = e.to_string();
-                if !self.reported.swap(true, Relaxed) {
-                    if let Some(key) = &self.key {
-                        hooks.errors.lock().push((key.clone(), e));
-                        hooks.has_errors.store(true, Relaxed);
-                    }
+            Hooks::add_time(&hooks.serialize_nanos, start);
+            match res {
+                Ok(frames) => {
+                    // Raw: one large frame and the rest small.
+                    let large: Vec<usize> = (0..frames.len())
+                        .filter(|&i| frames[i].len_bytes() >= RAW_MIN)
+                        .collect();
+                    let raw_at = (large.len() == 1).then(|| large[0]);
+                    Ok(Serialized { frames, raw_at })
                 }
-                BoxError::from(text)
-            })
+                Err(e) => {
+                    let text = e.to_string();
+                    if !self.reported.swap(true, Relaxed) {
+                        if let Some(key) = &self.key {
+                            hooks.errors.lock().push((key.clone(), e));
+                            hooks.has_errors.store(true, Relaxed);
+                        }
+                    }
+                    Err(BoxError::from(text))
+                }
+            }
         })
     }
-}
 
-impl Hooks {
-    fn add(counter: &AtomicU64, since: Instant) {
-        counter.fetch_add(since.elapsed().as_nanos() as u64, Relaxed);
-    }
-}
-
-/// Envelope header length for `n` frames, padded.
-fn head_len(n: usize) -> usize {
-    pad(16 + 8 * n)
-}
-
-/// Check an envelope; returns its weight and frame ranges.
-fn parse(bytes: &[u8]) -> Result<(usize, Vec<(usize, usize)>), BoxError> {
-    if bytes.len() < 16 || &bytes[..4] != MAGIC {
-        return Err("not a spillbuffer Python record (bad magic)".into());
-    }
-    let n = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes")) as usize;
-    let weight = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes")) as usize;
-    if bytes.len() < head_len(n) {
-        return Err(format!("record of {} bytes too short for {n} frames", bytes.len()).into());
-    }
-    let mut at = head_len(n);
-    let mut ranges = Vec::with_capacity(n);
-    for i in 0..n {
-        let o = 16 + 8 * i;
-        let len = u64::from_le_bytes(bytes[o..o + 8].try_into().expect("8 bytes")) as usize;
-        let end = at.checked_add(len).filter(|&e| e <= bytes.len());
-        let Some(end) = end else {
-            return Err(format!("frame {i} runs past the record's end").into());
+    /// File the layout of a raw record under the key, if this value is
+    /// still the key's current one (a replaced value's late write must not
+    /// describe its successor's record; the buffer discards that write).
+    fn file_layout(&self, s: &Serialized, raw_at: usize, hooks: &Hooks) {
+        let Some(key) = &self.key else { return };
+        let layout = Layout {
+            small: (0..s.frames.len())
+                .filter(|&i| i != raw_at)
+                .map(|i| s.bytes(i).to_vec())
+                .collect(),
+            raw_at,
         };
-        ranges.push((at, end));
-        at = pad(end);
+        if let Some(entry) = hooks.layouts.lock().get_mut(key) {
+            if entry.0 == self.id() {
+                entry.1 = Some(Arc::new(layout));
+            }
+        }
     }
-    Ok((weight, ranges))
 }
 
 impl Spill for PyValue {
@@ -244,38 +233,21 @@ impl Spill for PyValue {
                 return Ok(());
             }
             (Body::Object(obj), Some(hooks)) => (obj, hooks),
-            (Body::Object(_), None) => return Err("value without a serializer".into()),
+            _ => return Err("value without a serializer".into()),
         };
-        if self.reported.load(Relaxed) {
-            // It failed before and Python objects rarely become picklable:
-            // fail at once, without the GIL or another log line.
-            return Err("this value failed to serialize before".into());
-        }
-        let frames = self.serialize(obj, hooks)?;
-        // The GIL is released here: the frames stay exported (their memory
-        // cannot move) until the buffers are dropped below.
+        let s = self.serialized(obj, hooks)?;
         let base = out.len();
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&(frames.len() as u32).to_le_bytes());
-        out.extend_from_slice(&(self.weight as u64).to_le_bytes());
-        for f in &frames {
-            out.extend_from_slice(&(f.len_bytes() as u64).to_le_bytes());
+        // With the GIL released: the frames stay exported until `s` goes.
+        match s.raw_at {
+            Some(i) => {
+                self.file_layout(s, i, hooks);
+                out.extend_from_slice(s.bytes(i));
+            }
+            None => {
+                let frames: Vec<&[u8]> = (0..s.frames.len()).map(|i| s.bytes(i)).collect();
+                write_envelope(out, self.weight, &frames);
+            }
         }
-        let total: usize = frames.iter().map(|f| pad(f.len_bytes())).sum();
-        out.reserve(head_len(frames.len()) + total);
-        out.resize(base + head_len(frames.len()), 0);
-        for f in &frames {
-            // SAFETY: the buffer is held (exported) for as long as `f`
-            // lives, so its memory stays valid and in place; it is
-            // C-contiguous (checked above) and `len_bytes` long. Reading it
-            // does not need the GIL.
-            let bytes =
-                unsafe { std::slice::from_raw_parts(f.buf_ptr() as *const u8, f.len_bytes()) };
-            out.extend_from_slice(bytes);
-            out.resize(base + pad(out.len() - base), 0);
-        }
-        drop(frames); // takes the GIL briefly to release the exports
-        hooks.fresh_encodes.fetch_add(1, Relaxed);
         hooks
             .fresh_bytes
             .fetch_add((out.len() - base) as u64, Relaxed);
@@ -283,13 +255,26 @@ impl Spill for PyValue {
     }
 
     fn decode(bytes: &[u8]) -> Result<Self, BoxError> {
-        Self::from_record(Arc::new(RecordBytes::new(bytes.into())))
+        Ok(Self::read_back(Arc::new(RecordBytes::new(bytes.into()))))
     }
 
+    /// A value read back is its record; an inserted one whose large frame
+    /// is written raw is that frame, in the object's own memory.
     fn as_encoded(&self) -> Option<&[u8]> {
-        match &self.body {
-            Body::Encoded(rec) => Some(rec.as_slice()),
-            Body::Object(_) => None,
+        match (&self.body, &self.hooks) {
+            (Body::Encoded(rec), _) => Some(rec.as_slice()),
+            (Body::Object(obj), Some(hooks)) => {
+                // An error is reported by `serialized` and again by the
+                // `encode` that follows a `None`.
+                let s = self.serialized(obj, hooks).ok()?;
+                let i = s.raw_at?;
+                self.file_layout(s, i, hooks);
+                hooks
+                    .fresh_bytes
+                    .fetch_add(s.frames[i].len_bytes() as u64, Relaxed);
+                Some(s.bytes(i))
+            }
+            _ => None,
         }
     }
 
@@ -300,24 +285,38 @@ impl Spill for PyValue {
         // Zeroed: a large allocation comes from fresh zero pages that the
         // read fills, with no memset pass.
         let mut bytes = vec![0u8; len].into_boxed_slice();
-        Some(fill(&mut bytes).and_then(|()| Self::from_record(Arc::new(RecordBytes::new(bytes)))))
+        Some(fill(&mut bytes).map(|()| Self::read_back(Arc::new(RecordBytes::new(bytes)))))
     }
 }
 
 impl PyValue {
-    fn from_record(rec: Record) -> Result<Self, BoxError> {
-        let (weight, _) = parse(rec.as_slice())?;
-        Ok(PyValue {
-            // What it weighed when inserted, so that the mapping's totals
-            // agree (its bytes differ from that by the envelope's padding
-            // and, for objects that are not views of them, by the object).
-            weight,
+    fn read_back(rec: Record) -> Self {
+        PyValue {
+            // What it holds now. (Its layout, raw or envelope, is known
+            // only to the mapping, which has the key; it is checked when
+            // Python first reads the value.)
+            weight: rec.len(),
             body: Body::Encoded(rec),
+            serialized: OnceLock::new(),
             object: OnceLock::new(),
             key: None,
             hooks: None,
             reported: AtomicBool::new(false),
             token: Arc::new(()),
-        })
+        }
+    }
+}
+
+impl Drop for PyValue {
+    fn drop(&mut self) {
+        // Release the frame exports and the object together, under the GIL
+        // (pyo3 would otherwise defer the object's release to whichever
+        // thread next takes the GIL, often the event loop, which would
+        // then free its memory). The buffer drops values on its IO pool.
+        if self.serialized.get().is_some() || matches!(self.body, Body::Object(_)) {
+            let body = std::mem::replace(&mut self.body, Body::Gone);
+            let serialized = self.serialized.take();
+            Python::with_gil(|_| drop((serialized, body)));
+        }
     }
 }

@@ -164,6 +164,32 @@ def test_large_arrays_round_trip_zero_copy(make):
     np.testing.assert_array_equal(got, arrays[0])
 
 
+@pytest.mark.parametrize("compression", [None, "lz4"])
+def test_both_record_layouts_and_replacements(make, compression):
+    # One large frame (an array of 2 MiB) is written raw, from the array's
+    # own memory; two large frames, or small values, in an envelope.
+    # Replacing a key switches between them.
+    buf = make(target=64 << 20, compression=compression, evict_in_flight=1 << 40)
+    big = np.arange(1 << 18, dtype="f8")
+    versions = [big, (big, big + 1), "small", big * 2, {"a": big}]
+    for v in versions:
+        buf["k"] = v
+        buf["other"] = big + 3
+        spill_everything(buf)
+        got = buf["k"]
+        if isinstance(v, np.ndarray):
+            np.testing.assert_array_equal(got, v)
+            assert isinstance(root_base(got), _native.RecordView)
+        elif isinstance(v, tuple):
+            np.testing.assert_array_equal(got[0], v[0])
+            np.testing.assert_array_equal(got[1], v[1])
+        elif isinstance(v, dict):
+            np.testing.assert_array_equal(got["a"], v["a"])
+        else:
+            assert got == v
+        np.testing.assert_array_equal(buf["other"], big + 3)
+
+
 def test_contains_delete_and_iteration_never_read_back(make):
     buf = make(target=0)
     for i in range(20):
