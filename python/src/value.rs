@@ -309,14 +309,25 @@ impl PyValue {
 
 impl Drop for PyValue {
     fn drop(&mut self) {
-        // Release the frame exports and the object together, under the GIL
-        // (pyo3 would otherwise defer the object's release to whichever
-        // thread next takes the GIL, often the event loop, which would
-        // then free its memory). The buffer drops values on its IO pool.
-        if self.serialized.get().is_some() || matches!(self.body, Body::Object(_)) {
+        // Release the Python side (frame exports, the object) here, under
+        // the GIL: pyo3 would otherwise defer it to whichever thread next
+        // takes the GIL, often the event loop, which would then free the
+        // memory. The buffer drops values on its IO pool. A record read
+        // back is freed after the GIL is let go (its last handle may be
+        // the array deserialized from it).
+        let object = self.object.take();
+        if object.is_some()
+            || self.serialized.get().is_some()
+            || matches!(self.body, Body::Object(_))
+        {
             let body = std::mem::replace(&mut self.body, Body::Gone);
             let serialized = self.serialized.take();
-            Python::with_gil(|_| drop((serialized, body)));
+            let record = match &body {
+                Body::Encoded(rec) => Some(Arc::clone(rec)),
+                _ => None,
+            };
+            Python::with_gil(|_| drop((serialized, object, body)));
+            drop(record);
         }
     }
 }

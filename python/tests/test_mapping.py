@@ -268,6 +268,7 @@ def test_max_spill_keeps_the_rest_in_memory(make):
 
 def test_evict_protocol(make):
     buf = make(target=1 << 30, evict_in_flight=1 << 40)
+    buf.evict_wait = 30.0  # each evict() returns once its write landed
     assert buf.evict() == -1  # nothing to evict
     buf["a"] = np.zeros(1000)
     buf["b"] = np.zeros(2000)
