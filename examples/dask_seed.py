@@ -12,6 +12,7 @@ more than once.
 
     python/test.sh --co -q >/dev/null    # once: builds python/.venv
     python/.venv/bin/python examples/dask_seed.py [--rounds N] [--json FILE]
+    python/.venv/bin/python examples/dask_seed.py --report FILE   # summary of a --json file
 
 Needs spillbuffer (pip install ./python), dask[array], distributed, psutil.
 """
@@ -213,6 +214,62 @@ def print_table(rows: list[dict]) -> None:
         )
 
 
+def report(rows: list[dict]) -> None:
+    """Markdown: each round's figures for the targets, spillbuffer against
+    stock, then the median over rounds."""
+    rounds = sorted({r["round"] for r in rows})
+    lines = []
+
+    def figures(kind, r):
+        got = {x["phase"]: x for x in rows if x["mapping"] == kind and x["round"] == r}
+        p, d = got["persist"], got["reduce"]
+        walls = p["wall_s"] + d["wall_s"]
+        lost = [a + b for a, b in zip(p["loop_lost_s_per_worker"], d["loop_lost_s_per_worker"])]
+        mean = sum(
+            ph["wall_s"] * statistics.fmean(ph["mean_rss_mib_per_worker"]) for ph in (p, d)
+        ) / walls
+        return {
+            "persist_s": p["wall_s"],
+            "reduce_s": d["wall_s"],
+            "total_s": round(walls, 2),
+            "loop_lost_s": round(statistics.fmean(lost), 2),
+            "gaps": statistics.fmean(a + b for a, b in zip(p["gaps_per_worker"], d["gaps_per_worker"])),
+            "longest_s": max(p["longest_gap_s_per_worker"] + d["longest_gap_s_per_worker"]),
+            "peak_mib": max(p["peak_rss_mib_per_worker"] + d["peak_rss_mib_per_worker"]),
+            "mean_mib": round(mean),
+            "written_mib": p["written_mib"] + d["written_mib"],
+            "read_mib": p["read_mib"] + d["read_mib"],
+            "again_mib": p["written_again_mib"] + d["written_again_mib"],
+        }
+
+    cols = list(figures("stock", rounds[0]).keys())
+    lines.append("| round | mapping | " + " | ".join(cols) + " |")
+    lines.append("|---" * (len(cols) + 2) + "|")
+    per_round = []
+    for r in rounds:
+        st, sb = figures("stock", r), figures("spillbuffer", r)
+        per_round.append((st, sb))
+        for kind, f in (("stock", st), ("spillbuffer", sb)):
+            lines.append(f"| {r} | {kind} | " + " | ".join(str(f[c]) for c in cols) + " |")
+    print("\n".join(lines))
+    print()
+    print("| target | per round | median |")
+    print("|---|---|---|")
+    checks = [
+        ("loop time lost in gaps > 100 ms, spillbuffer / stock (per worker, both phases; target <= 0.10)",
+         lambda st, sb: sb["loop_lost_s"] / st["loop_lost_s"]),
+        ("longest gap, spillbuffer (s; target <= 0.150)", lambda st, sb: sb["longest_s"]),
+        ("reduce wall, spillbuffer / stock (target <= 0.7)", lambda st, sb: sb["reduce_s"] / st["reduce_s"]),
+        ("total wall, spillbuffer / stock (target <= 1)", lambda st, sb: sb["total_s"] / st["total_s"]),
+        ("mean process memory, spillbuffer / stock (target <= 1)", lambda st, sb: sb["mean_mib"] / st["mean_mib"]),
+        ("bytes written more than once, spillbuffer (MiB; target 0)", lambda st, sb: sb["again_mib"]),
+        ("bytes written more than once, stock (MiB)", lambda st, sb: st["again_mib"]),
+    ]
+    for name, f in checks:
+        vals = [f(st, sb) for st, sb in per_round]
+        print(f"| {name} | " + ", ".join(f"{v:.3g}" for v in vals) + f" | {statistics.median(vals):.3g} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=1, help="stock/spillbuffer pairs to run (alternating)")
@@ -220,7 +277,12 @@ def main() -> None:
     ap.add_argument("--only", choices=["stock", "spillbuffer"], help="run one of the two")
     ap.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                     help="a spillbuffer.dask.data() option, e.g. compression=lz4 (repeatable)")
+    ap.add_argument("--report", metavar="FILE", help="print the Markdown summary of a --json file and exit")
     args = ap.parse_args()
+    if args.report:
+        with open(args.report) as f:
+            report([json.loads(line) for line in f if line.strip()])
+        return
     options = {}
     for o in args.option:
         name, _, value = o.partition("=")
@@ -246,6 +308,9 @@ def main() -> None:
         with open(args.json, "a") as f:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
+    if not args.only:
+        print()
+        report(rows)
 
 
 if __name__ == "__main__":

@@ -278,7 +278,8 @@ impl Core {
     }
 
     /// The memory monitor's eviction: evict the least recently used value
-    /// and return its weight, or -1 if nothing was evicted.
+    /// and return its weight, or -1 if nothing was evicted or its write is
+    /// still in flight.
     ///
     /// A monitor evicts, re-reads process memory and evicts again while it
     /// is high; memory only falls once a write lands. So after queuing a
@@ -330,7 +331,12 @@ impl Core {
                 }
             });
             if !done {
+                // Still in flight: memory has not fallen yet. -1 ends the
+                // monitor's round here, before it concludes that evicting
+                // did not free memory (it would then run the garbage
+                // collector on the loop); it looks again at its next tick.
                 *self.manual_pending.lock() = Some(threshold);
+                return Ok(-1);
             } else if buf.stats().spill_errors_total > before.spill_errors_total {
                 // It failed (the value stays in memory, the error is
                 // reported): tell the monitor, which then stops trying.

@@ -303,14 +303,19 @@ def test_evict_declines_while_a_write_is_in_flight(make, cap):
     buf.evict_wait = 0.0
     buf["gated"] = Gate()
     buf["next"] = np.zeros(1000)
-    assert buf.evict() > 0  # "gated": its write now waits at the gate
-    assert buf.evict() == -1
-    assert buf.evict() == -1
-    assert "next" in buf.fast
-    Gate.opened.set()
+    try:
+        # "gated" is queued; its write waits at the gate, so memory has not
+        # fallen: -1 ends the monitor's round.
+        assert buf.evict() == -1
+        assert buf.stats()["spilling_bytes"] > 0
+        assert buf.evict() == -1  # nothing more while it is in flight
+        assert buf.evict() == -1
+        assert "next" in buf.fast and "gated" in buf
+    finally:
+        Gate.opened.set()
     buf.flush()
-    assert buf.evict() > 0  # the write landed: "next" goes
-    buf.flush()
+    buf.evict_wait = 30.0
+    assert buf.evict() > 0  # the write landed: "next" goes, and lands
     assert not buf.fast and len(buf.slow) == 2
 
 
