@@ -118,7 +118,9 @@ class PrefetchPlugin(WorkerPlugin):
 
     name = "spillbuffer-prefetch"
 
-    def __init__(self) -> None:
+    def __init__(self, lookahead: int = 2) -> None:
+        #: Ready tasks whose inputs are asked for again when one finishes.
+        self.lookahead = lookahead
         self.worker = None
         self.buffer: SpillBuffer | None = None
 
@@ -145,6 +147,18 @@ class PrefetchPlugin(WorkerPlugin):
             for dep in ts.dependencies:
                 if all(d.state in _DONE for d in dep.dependents):
                     buf.consume(dep.key)
+            # A prefetch never evicts, so those asked for when the tasks
+            # became ready found no room if memory was full; a consumed
+            # input read back has just made room: ask again for the next
+            # tasks' inputs, in the order the worker will run them.
+            inputs = [
+                dep.key
+                for nxt in self.worker.state.ready.peekn(self.lookahead)
+                for dep in nxt.dependencies
+                if dep.state == "memory"
+            ]
+            if inputs:
+                buf.prefetch(inputs)
 
     def teardown(self, worker) -> None:
         if self.buffer is not None:
