@@ -1,0 +1,396 @@
+"""``SpillBuffer``: the Rust buffer as a ``MutableMapping`` a Dask worker
+accepts as its ``data``."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sys
+import weakref
+from collections.abc import Iterator, Mapping, MutableMapping
+from typing import Any, Callable, NamedTuple
+
+from . import _native
+from ._serialize import dumps, loads, on_spill_error
+
+try:
+    from distributed.metrics import context_meter
+except ImportError:  # pragma: no cover - without distributed there is no meter
+    context_meter = None
+
+logger = logging.getLogger("distributed.spill")
+
+# id -> buffer, for closing at exit (a mapping is unhashable).
+_live: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+@atexit.register
+def _close_all() -> None:
+    # Stop the IO threads while the interpreter can still serve them.
+    for buf in list(_live.values()):
+        buf.close()
+
+
+class SpilledSize(NamedTuple):
+    """Size of the values not in memory: their weight (``sizeof``) and the
+    bytes their records take on disk."""
+
+    memory: int
+    disk: int
+
+
+def _default_weight() -> Callable[[object], int]:
+    try:
+        from dask.sizeof import sizeof
+    except ImportError:
+        return sys.getsizeof
+
+    def weight(value: object) -> int:
+        try:
+            return int(sizeof(value))
+        except Exception:  # as distributed's safe_sizeof: never fail an insert
+            logger.warning("sizeof() failed on a %s; using sys.getsizeof", type(value).__name__, exc_info=True)
+            return sys.getsizeof(value)
+
+    return weight
+
+
+def _check_int(name: str, value: Any, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int (bytes), not {type(value).__name__}: {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, not {value}")
+    return value
+
+
+class _Tier(Mapping):
+    """A read-only view of one tier: ``fast`` (values in memory) or ``slow``
+    (values only on disk). Its length comes from the buffer's gauges;
+    membership and iteration from what the mapping knows of each key
+    (a value read back by a prefetch counts as on disk until accessed).
+    A value being written counts as in memory until its write is done."""
+
+    def __init__(self, owner: SpillBuffer, resident: bool):
+        self._owner = owner
+        self._resident = resident
+
+    def __len__(self) -> int:
+        core = self._owner._core
+        in_memory = core.stats()["memory_count"]
+        return in_memory if self._resident else max(len(core) - in_memory, 0)
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def __contains__(self, key: object) -> bool:
+        core = self._owner._core
+        try:
+            return core.contains(key) and core.resident(key) == self._resident
+        except TypeError:
+            return False
+
+    def __iter__(self) -> Iterator:
+        return iter(self._owner._core.keys_where_resident(self._resident))
+
+    def __getitem__(self, key: object) -> object:
+        """The value, if in this tier (reading one on disk brings it to
+        memory, as any read does)."""
+        if key not in self:
+            raise KeyError(key)
+        return self._owner[key]
+
+    def __repr__(self) -> str:
+        return f"<{'fast' if self._resident else 'slow'} tier of {self._owner!r}: {len(self)} values>"
+
+
+class SpillBuffer(MutableMapping):
+    #: How long ``evict()`` waits (GIL released) for the write queued by
+    #: the previous call to land before declining.
+    evict_wait = 0.005
+
+    """A mapping that keeps values in memory under a byte ``target`` and
+    spills the least recently used to ``directory`` on a dedicated IO pool.
+
+    Parameters mirror the Rust builder:
+
+    directory
+        Where the private spill sub-directory is made (created if missing).
+    target
+        Bytes of values (by ``weight``) kept in memory before spilling starts.
+    limit
+        The Rust buffer's ``memory_limit`` (back-pressure for async inserts);
+        defaults to ``target``.
+    max_spill
+        Disk budget in bytes; ``False``/``None`` for none. Values refused by
+        it stay in memory.
+    compression
+        ``"lz4"`` (per record, skipped when it does not pay) or ``None``.
+    io_threads
+        Threads of the IO pool.
+    weight
+        ``weight(value) -> int``: the bytes a value counts for. Defaults to
+        ``dask.sizeof.sizeof`` when dask is importable, else ``sys.getsizeof``.
+    write_headroom
+        Keep memory free for the copies writes make: each IO thread writing
+        a value holds an encoded copy of it until the write lands, so the
+        target the buffer evicts to is lowered by ``io_threads`` times the
+        heaviest value inserted so far (down to a quarter of ``target`` at
+        most). Off by default; the Dask factory turns it on.
+    evict_in_flight
+        ``evict()`` (the memory monitor's manual eviction) declines, returning
+        -1, while this many bytes or more are still being written, so that a
+        monitor re-reading process memory does not evict the whole memory
+        tier before the first writes land. Defaults to ``target // 8``.
+
+    Keys may be str, bytes, int, float, bool, None and tuples of them;
+    values any object that pickles (or that distributed can serialize).
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        target: int = 1 << 30,
+        limit: int | None = None,
+        max_spill: int | bool | None = False,
+        compression: str | None = "lz4",
+        io_threads: int = 2,
+        weight: Callable[[object], int] | None = None,
+        write_headroom: bool = False,
+        evict_in_flight: int | None = None,
+    ):
+        if not isinstance(directory, (str, os.PathLike)):
+            raise TypeError(f"directory must be a path, not {type(directory).__name__}: {directory!r}")
+        directory = os.fspath(directory)
+        target = _check_int("target", target)
+        if limit is not None:
+            limit = _check_int("limit", limit, target)
+        if max_spill is False or max_spill is None:
+            max_spill = None
+        else:
+            max_spill = _check_int("max_spill", max_spill)
+        if compression in (None, False, "none"):
+            compression = "none"
+        elif compression != "lz4":
+            raise ValueError(f"compression must be 'lz4' or None, not {compression!r}")
+        io_threads = _check_int("io_threads", io_threads, 1)
+        if weight is not None and not callable(weight):
+            raise TypeError(f"weight must be callable, not {type(weight).__name__}")
+        if evict_in_flight is None:
+            evict_in_flight = max(target // 8, 1)
+        self._evict_in_flight = _check_int("evict_in_flight", evict_in_flight, 1)
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as e:
+            raise OSError(e.errno, f"cannot create spill directory {directory}: {e.strerror}") from e
+        self.directory = directory
+        self.target = target
+        self.max_spill = False if max_spill is None else max_spill
+        self._weight = weight if weight is not None else _default_weight()
+        self._core = _native.Core(directory, target, limit, max_spill, compression, io_threads, dumps)
+        self._io_threads = io_threads
+        self._write_headroom = bool(write_headroom)
+        self._heaviest = 0
+        self._seen = dict.fromkeys(_COUNTERS, 0)
+        self._memory_reads = 0
+        self._memory_read_bytes = 0
+        _live[id(self)] = self
+
+    # ----- the mapping --------------------------------------------------
+
+    def __setitem__(self, key: object, value: object) -> None:
+        """Insert; never waits for disk. Spills run on the IO pool."""
+        weight = int(self._weight(value))
+        if self._write_headroom and weight > self._heaviest:
+            self._heaviest = weight
+            self._core.set_target(max(self.target - self._io_threads * weight, self.target // 4))
+        self._core.set(key, value, weight)
+        self._digest_io()
+        self._report_errors()
+
+    def __getitem__(self, key: object) -> object:
+        """The value; one on disk is read back with the GIL released (and
+        this thread waiting), joining a prefetch already in flight."""
+        try:
+            value, weight, waited = self._core.get(key, loads)
+        except TypeError:
+            raise KeyError(key) from None
+        if waited:
+            self._digest_io()
+            self._report_errors()
+        else:
+            self._memory_reads += 1
+            self._memory_read_bytes += weight
+            if context_meter is not None:
+                context_meter.digest_metric("memory-read", 1, "count")
+                context_meter.digest_metric("memory-read", weight, "bytes")
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        try:
+            return self._core.contains(key)
+        except TypeError:
+            return False
+
+    def __delitem__(self, key: object) -> None:
+        try:
+            self._core.delete(key)
+        except TypeError:
+            raise KeyError(key) from None
+
+    def __iter__(self) -> Iterator:
+        return iter(self._core.keys())
+
+    def __len__(self) -> int:
+        return len(self._core)
+
+    def __repr__(self) -> str:
+        if self._core.closed():
+            return "<spillbuffer.SpillBuffer (closed)>"
+        s = self._core.stats()
+        return (
+            f"<spillbuffer.SpillBuffer: {len(self)} keys, {s['memory_count']} in memory "
+            f"({s['memory_bytes']} B of target {self.target} B), {s['disk_bytes']} B on disk>"
+        )
+
+    def __reduce__(self):
+        raise TypeError(
+            "a SpillBuffer belongs to the process that made it and cannot be pickled; "
+            "to give workers one, pass data=spillbuffer.dask.data()"
+        )
+
+    # ----- what distributed's worker uses -------------------------------
+
+    @property
+    def fast(self) -> _Tier:
+        """The values in memory (a sized view)."""
+        return _Tier(self, True)
+
+    @property
+    def slow(self) -> _Tier:
+        """The values only on disk (a sized view)."""
+        return _Tier(self, False)
+
+    @property
+    def memory(self) -> _Tier:
+        """``fast`` once queued IO has finished. For inspection (tests): it
+        waits for the IO pool."""
+        self.flush()
+        return self.fast
+
+    @property
+    def disk(self) -> _Tier:
+        """``slow`` once queued IO has finished. For inspection (tests): it
+        waits for the IO pool."""
+        self.flush()
+        return self.slow
+
+    def evict(self) -> int:
+        """The memory monitor's manual eviction: queue the least recently
+        used value for writing (or drop it, if it has a disk copy) and
+        return its weight. Returns -1, evicting nothing, when nothing is
+        evictable or when ``evict_in_flight`` bytes are already being
+        written, or when the write queued by the previous call has not
+        landed within ``evict_wait`` seconds (the monitor then re-checks at
+        its next tick instead of evicting the whole memory tier before the
+        first writes land and memory falls). Never raises."""
+        try:
+            weight = self._core.evict_one(self._evict_in_flight, self.evict_wait)
+            self._digest_io()
+            self._report_errors()
+            return weight
+        except Exception:
+            logger.error("Manual eviction failed; keeping data in memory", exc_info=True)
+            return -1
+
+    @property
+    def spilled_total(self) -> SpilledSize:
+        """Weight of the values not in memory, and bytes of live records on
+        disk (including the disk copies of values also in memory)."""
+        s = self._core.stats()
+        return SpilledSize(max(s["weight_total"] - s["memory_bytes"], 0), s["disk_bytes"])
+
+    @property
+    def cumulative_metrics(self) -> dict[tuple[str, str], float]:
+        """Ever-increasing totals keyed by (activity, unit), units being
+        ``count``, ``bytes`` and ``seconds`` as distributed's Prometheus
+        exporter expects. Disk reads include prefetches; seconds of disk IO
+        are IO-pool time, not time the caller waited."""
+        s = self._core.stats()
+        out = {
+            ("memory-read", "count"): float(self._memory_reads),
+            ("memory-read", "bytes"): float(self._memory_read_bytes),
+        }
+        for (label, unit), field in _COUNTERS.items():
+            out[label, unit] = float(s[field])
+        return out
+
+    # ----- spillbuffer's own --------------------------------------------
+
+    def prefetch(self, keys) -> None:
+        """Read these keys back ahead of use, in order, on the IO pool, as
+        far as they fit within the target next to what is resident."""
+        keys = [k for k in keys if k in self]
+        if keys:
+            self._core.prefetch(keys)
+
+    def consume(self, key: object) -> bool:
+        """Done with ``key`` for now: if in memory, make it the first to be
+        evicted (freed at once if it has a disk copy). Returns whether it was
+        in memory."""
+        try:
+            return self._core.consume(key)
+        except TypeError:
+            return False
+
+    def flush(self) -> None:
+        """Wait until all queued IO has finished (the GIL is released)."""
+        self._core.flush()
+        self._report_errors()
+
+    def stats(self) -> dict[str, float]:
+        """The Rust buffer's gauges and counters."""
+        return self._core.stats()
+
+    @property
+    def spill_directory(self) -> str:
+        """The buffer's private spill sub-directory."""
+        return os.fspath(self._core.spill_dirs()[0])
+
+    def close(self) -> None:
+        """Stop the IO pool and delete the spill files. Values still in
+        memory are dropped. Idempotent; also done at interpreter exit."""
+        self._core.close()
+
+    def _report_errors(self) -> None:
+        """Log values that failed to serialize on the IO pool (once each)."""
+        for key, exc in self._core.take_errors():
+            on_spill_error(key, exc)
+
+    def _digest_io(self) -> None:
+        """Report IO finished since the last report to distributed's
+        context meter: writes run on the IO pool, so they are attributed to
+        the caller that inserts or reads next."""
+        if context_meter is None:
+            return
+        s = self._core.stats()
+        seen = self._seen
+        for (label, unit), field in _COUNTERS.items():
+            delta = s[field] - seen[label, unit]
+            if delta:
+                seen[label, unit] = s[field]
+                context_meter.digest_metric(label, delta, unit)
+
+
+# (activity, unit) -> field of Core.stats(), in the order a spill and an
+# unspill produce them.
+_COUNTERS = {
+    ("serialize", "seconds"): "serialize_seconds_total",
+    ("disk-write", "seconds"): "spill_seconds_total",
+    ("disk-write", "count"): "spill_count_total",
+    ("disk-write", "bytes"): "spilled_bytes_total",
+    ("disk-read", "seconds"): "unspill_seconds_total",
+    ("disk-read", "count"): "unspill_count_total",
+    ("disk-read", "bytes"): "unspilled_bytes_total",
+    ("deserialize", "seconds"): "deserialize_seconds_total",
+}

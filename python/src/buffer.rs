@@ -1,0 +1,466 @@
+//! [`Core`]: the Rust buffer as seen from Python. The `MutableMapping`
+//! around it (`spillbuffer.SpillBuffer`) adds weights, serialization and
+//! metrics in Python; this type holds the keys and values and makes every
+//! call that may wait (a disk read, a flush, shutting the IO pool down)
+//! with the GIL released.
+
+use crate::frames::RecordView;
+use crate::key::PyKey;
+use crate::record::parse_envelope;
+use crate::value::{Hooks, PyValue};
+use parking_lot::Mutex;
+use pyo3::exceptions::{PyKeyError, PyOSError, PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+use spillbuffer::{Compression, Error, Spill, SpillBuffer, Stats};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+type Buffer = SpillBuffer<PyKey, PyValue>;
+
+/// What the mapping knows of a key without asking the buffer.
+struct Known {
+    /// Its weight when inserted.
+    weight: usize,
+    /// Alive while the buffer holds the value in memory (see
+    /// [`PyValue::token`]); a value read back by a prefetch is not known
+    /// here until it is accessed.
+    resident: Weak<()>,
+}
+
+/// The native half of `spillbuffer.SpillBuffer`.
+#[pyclass(module = "spillbuffer._native", frozen)]
+pub struct Core {
+    /// `None` once closed.
+    buf: Mutex<Option<Buffer>>,
+    hooks: Arc<Hooks>,
+    known: Mutex<HashMap<PyKey, Known>>,
+    /// Total weight of the known keys.
+    weight_total: AtomicU64,
+    deserialize_nanos: AtomicU64,
+    /// After a manual eviction queued a write: the count of landed writes
+    /// (done or failed) to reach before the next one.
+    manual_pending: Mutex<Option<u64>>,
+}
+
+fn to_py_err(e: Error) -> PyErr {
+    match e {
+        Error::Io { .. } => PyOSError::new_err(e.to_string()),
+        Error::Config { .. } => PyValueError::new_err(e.to_string()),
+        other => PyRuntimeError::new_err(other.to_string()),
+    }
+}
+
+impl Core {
+    fn buffer(&self) -> PyResult<Buffer> {
+        self.buf
+            .lock()
+            .clone()
+            .ok_or_else(|| PyRuntimeError::new_err("this SpillBuffer is closed"))
+    }
+
+    /// A value read back (by this call or a prefetch) is resident now.
+    fn mark_resident(&self, key: &PyKey, value: &PyValue) {
+        if let Some(known) = self.known.lock().get_mut(key) {
+            if known.resident.strong_count() == 0 {
+                known.resident = Arc::downgrade(&value.token);
+            }
+        }
+    }
+
+    fn remember(&self, key: PyKey, weight: usize, token: &Arc<()>) {
+        let resident = Arc::downgrade(token);
+        let old = self.known.lock().insert(key, Known { weight, resident });
+        if let Some(old) = old {
+            self.weight_total.fetch_sub(old.weight as u64, Relaxed);
+        }
+        self.weight_total.fetch_add(weight as u64, Relaxed);
+    }
+
+    /// The Python object of a pinned value: the inserted object, or the one
+    /// deserialized by `loads` from the frames of a record read back (the
+    /// key's layout says whether the record is a raw frame or an envelope).
+    fn object_of(
+        &self,
+        py: Python<'_>,
+        key: &PyKey,
+        value: &PyValue,
+        loads: &Bound<'_, PyAny>,
+    ) -> PyResult<PyObject> {
+        if let Some(obj) = value.object(py) {
+            return Ok(obj);
+        }
+        let rec = value
+            .record()
+            .ok_or_else(|| PyRuntimeError::new_err("value without an object or a record"))?;
+        let layout = self
+            .hooks
+            .layouts
+            .lock()
+            .get(key)
+            .and_then(|(_, layout)| layout.clone());
+        let view = |a, b| Py::new(py, RecordView::new(Arc::clone(rec), a, b)).map(Py::into_any);
+        let frames: Vec<PyObject> = match layout {
+            Some(layout) => {
+                let mut frames = Vec::with_capacity(layout.small.len() + 1);
+                for small in &layout.small {
+                    frames.push(PyBytes::new(py, small).into_any().unbind());
+                }
+                frames.insert(layout.raw_at, view(0, rec.len())?);
+                frames
+            }
+            None => parse_envelope(rec.as_slice())
+                .map_err(|e| {
+                    PyRuntimeError::new_err(format!("record of key {key:?} is damaged: {e}"))
+                })?
+                .into_iter()
+                .map(|(a, b)| view(a, b))
+                .collect::<PyResult<_>>()?,
+        };
+        let start = Instant::now();
+        let obj = loads.call1((PyList::new(py, frames)?,))?;
+        self.deserialize_nanos
+            .fetch_add(start.elapsed().as_nanos() as u64, Relaxed);
+        Ok(value.set_object(py, obj.unbind()))
+    }
+}
+
+#[pymethods]
+impl Core {
+    /// Build the buffer; `dumps` serializes a value into a list of frames
+    /// (failures are kept for `take_errors`).
+    #[new]
+    #[pyo3(signature = (directory, target, limit, max_spill, compression, io_threads, dumps))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        directory: PathBuf,
+        target: usize,
+        limit: Option<usize>,
+        max_spill: Option<u64>,
+        compression: &str,
+        io_threads: usize,
+        dumps: PyObject,
+    ) -> PyResult<Self> {
+        let compression = match compression {
+            "lz4" => Compression::Lz4,
+            "none" => Compression::None,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "compression must be 'lz4' or None, not {other:?}"
+                )))
+            }
+        };
+        let mut b = Buffer::builder(directory)
+            .memory_target(target)
+            .compression(compression)
+            .io_threads(io_threads);
+        if let Some(limit) = limit {
+            b = b.memory_limit(limit);
+        }
+        if let Some(max) = max_spill {
+            b = b.max_spill(max);
+        }
+        let buf = py.allow_threads(|| b.build()).map_err(to_py_err)?;
+        Ok(Core {
+            buf: Mutex::new(Some(buf)),
+            hooks: Arc::new(Hooks {
+                dumps,
+                serialize_nanos: AtomicU64::new(0),
+                fresh_encodes: AtomicU64::new(0),
+                fresh_bytes: AtomicU64::new(0),
+                errors: Mutex::new(Vec::new()),
+                has_errors: AtomicBool::new(false),
+                layouts: Mutex::new(HashMap::new()),
+            }),
+            known: Mutex::new(HashMap::new()),
+            weight_total: AtomicU64::new(0),
+            deserialize_nanos: AtomicU64::new(0),
+            manual_pending: Mutex::new(None),
+        })
+    }
+
+    /// Insert; never waits for disk.
+    fn set(&self, key: &Bound<'_, PyAny>, value: PyObject, weight: usize) -> PyResult<()> {
+        let buf = self.buffer()?;
+        let mut k = PyKey::from_py(key)?;
+        // As a dict does, replacing a value keeps the key first inserted
+        // (`1` stays `1` when `1.0` is assigned to).
+        if let Some((first, _)) = self.known.lock().get_key_value(&k) {
+            k = first.clone();
+        }
+        let v = PyValue::new(k.clone(), value, weight, Arc::clone(&self.hooks));
+        // Remembered before the insert: the buffer may spill it at once.
+        self.remember(k.clone(), weight, &v.token);
+        self.hooks.layouts.lock().insert(k.clone(), (v.id(), None));
+        buf.insert(k, v).map_err(to_py_err)
+    }
+
+    /// The value of `key`: from memory, or read back from disk with the GIL
+    /// released (joining a read already in flight). Returns the object, its
+    /// weight, and whether it had to wait for a disk read.
+    fn get(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        loads: &Bound<'_, PyAny>,
+    ) -> PyResult<(PyObject, usize, bool)> {
+        let buf = self.buffer()?;
+        let k = PyKey::from_py(key)?;
+        if let Some(p) = buf.try_pin(&k) {
+            self.mark_resident(&k, &p);
+            let obj = self.object_of(py, &k, &p, loads)?;
+            return Ok((obj, p.weight(), false));
+        }
+        let pinned = py.allow_threads(|| buf.get(&k)).map_err(to_py_err)?;
+        let Some(p) = pinned else {
+            return Err(PyKeyError::new_err(key.clone().unbind()));
+        };
+        self.mark_resident(&k, &p);
+        let obj = self.object_of(py, &k, &p, loads)?;
+        Ok((obj, p.weight(), true))
+    }
+
+    fn contains(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let buf = self.buffer()?;
+        Ok(buf.contains_key(&PyKey::from_py(key)?))
+    }
+
+    /// Remove; `KeyError` if absent.
+    fn delete(&self, key: &Bound<'_, PyAny>) -> PyResult<()> {
+        let buf = self.buffer()?;
+        let k = PyKey::from_py(key)?;
+        if let Some(old) = self.known.lock().remove(&k) {
+            self.weight_total.fetch_sub(old.weight as u64, Relaxed);
+        }
+        let removed = buf.remove(&k);
+        self.hooks.layouts.lock().remove(&k);
+        if removed {
+            Ok(())
+        } else {
+            Err(PyKeyError::new_err(key.clone().unbind()))
+        }
+    }
+
+    /// The live keys, as Python objects; nothing is read back.
+    fn keys(&self, py: Python<'_>) -> PyResult<Vec<PyObject>> {
+        let buf = self.buffer()?;
+        buf.keys().iter().map(|k| k.to_py(py)).collect()
+    }
+
+    fn __len__(&self) -> PyResult<usize> {
+        Ok(self.buffer()?.len())
+    }
+
+    /// Is `key`'s value held in memory (as far as the mapping knows)?
+    fn resident(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let k = PyKey::from_py(key)?;
+        Ok(self
+            .known
+            .lock()
+            .get(&k)
+            .is_some_and(|e| e.resident.strong_count() > 0))
+    }
+
+    /// Keys whose values are (`true`) or are not (`false`) in memory, as
+    /// far as the mapping knows.
+    fn keys_where_resident(&self, py: Python<'_>, resident: bool) -> PyResult<Vec<PyObject>> {
+        let buf = self.buffer()?;
+        let known = self.known.lock();
+        buf.keys()
+            .iter()
+            .filter(|k| known.get(k).is_some_and(|e| e.resident.strong_count() > 0) == resident)
+            .map(|k| k.to_py(py))
+            .collect()
+    }
+
+    /// The memory monitor's eviction: evict the least recently used value
+    /// and return its weight, or -1 if nothing was evicted or its write is
+    /// still in flight.
+    ///
+    /// A monitor evicts, re-reads process memory and evicts again while it
+    /// is high; memory only falls once a write lands. So after queuing a
+    /// write this waits up to `wait_s` (GIL released) for it to land, which
+    /// a small write does well within that; and while a write so queued has
+    /// not landed, or `cap` bytes or more are being written, it evicts
+    /// nothing: the monitor then stops and tries again at its next tick,
+    /// instead of evicting the whole memory tier before memory falls.
+    /// A write seen failing within the wait also returns -1, as the
+    /// protocol asks.
+    fn evict_one(&self, py: Python<'_>, cap: u64, wait_s: f64) -> PyResult<i64> {
+        let buf = self.buffer()?;
+        let landed = |s: &Stats| s.spill_count_total + s.spill_errors_total;
+        {
+            // (Not held across the wait below: another thread may hold the
+            // GIL and want this lock.)
+            let mut pending = self.manual_pending.lock();
+            if let Some(threshold) = *pending {
+                if landed(&buf.stats()) < threshold {
+                    return Ok(-1);
+                }
+                *pending = None;
+            }
+        }
+        let before = buf.stats();
+        if before.spilling_bytes >= cap {
+            return Ok(-1);
+        }
+        let w = buf.evict(1);
+        if w == 0 {
+            return Ok(-1);
+        }
+        // A clean eviction freed its memory at once; a dirty one queued a
+        // write. Writes land in queue order, so the next one landing is
+        // this one or one before it.
+        if buf.stats().clean_evictions_total == before.clean_evictions_total {
+            let threshold = landed(&before) + 1;
+            let wait = Duration::from_secs_f64(wait_s.max(0.0));
+            let done = py.allow_threads(|| {
+                let deadline = Instant::now() + wait;
+                loop {
+                    if landed(&buf.stats()) >= threshold {
+                        return true;
+                    }
+                    if Instant::now() >= deadline {
+                        return false;
+                    }
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+            });
+            if !done {
+                // Still in flight: memory has not fallen yet. -1 ends the
+                // monitor's round here, before it concludes that evicting
+                // did not free memory (it would then run the garbage
+                // collector on the loop); it looks again at its next tick.
+                *self.manual_pending.lock() = Some(threshold);
+                return Ok(-1);
+            } else if buf.stats().spill_errors_total > before.spill_errors_total {
+                // It failed (the value stays in memory, the error is
+                // reported): tell the monitor, which then stops trying.
+                return Ok(-1);
+            }
+        }
+        Ok(w as i64)
+    }
+
+    /// Values that failed to serialize since the last call, as
+    /// `(key, exception)` pairs: reported by the caller's thread, so that
+    /// IO threads do not log (Python would register them as threads).
+    fn take_errors(&self, py: Python<'_>) -> PyResult<Vec<(PyObject, PyObject)>> {
+        if !self.hooks.has_errors.swap(false, Relaxed) {
+            return Ok(Vec::new());
+        }
+        let errors = std::mem::take(&mut *self.hooks.errors.lock());
+        errors
+            .into_iter()
+            .map(|(k, e)| Ok((k.to_py(py)?, e.into_value(py).into_any())))
+            .collect()
+    }
+
+    /// Read these keys back ahead of use, in order (within the target).
+    fn prefetch(&self, keys: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
+        let buf = self.buffer()?;
+        let keys = keys
+            .iter()
+            .map(PyKey::from_py)
+            .collect::<PyResult<Vec<_>>>()?;
+        buf.prefetch(keys);
+        Ok(())
+    }
+
+    /// The host is done with `key` for now: if in memory, make it the first
+    /// to be evicted (at no cost if it has a disk copy). Returns whether it
+    /// was in memory.
+    fn consume(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let buf = self.buffer()?;
+        match buf.try_pin(&PyKey::from_py(key)?) {
+            Some(p) => {
+                p.consume();
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    fn set_target(&self, target: usize) -> PyResult<()> {
+        self.buffer()?.set_memory_target(target);
+        Ok(())
+    }
+
+    /// Wait until all queued IO has finished (GIL released).
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        let buf = self.buffer()?;
+        py.allow_threads(|| buf.flush_blocking()).map_err(to_py_err)
+    }
+
+    /// Counters and gauges, as a dict.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.buffer()?.stats();
+        let d = PyDict::new(py);
+        d.set_item("memory_bytes", s.memory_bytes)?;
+        d.set_item("memory_count", s.memory_count)?;
+        d.set_item("spilling_bytes", s.spilling_bytes)?;
+        d.set_item("disk_bytes", s.disk_bytes)?;
+        d.set_item("disk_count", s.disk_count)?;
+        d.set_item("file_bytes", s.file_bytes)?;
+        d.set_item("spilled_bytes_total", s.spilled_bytes_total)?;
+        d.set_item("spill_count_total", s.spill_count_total)?;
+        d.set_item("unspilled_bytes_total", s.unspilled_bytes_total)?;
+        d.set_item("unspill_count_total", s.unspill_count_total)?;
+        d.set_item("clean_evictions_total", s.clean_evictions_total)?;
+        d.set_item("spill_errors_total", s.spill_errors_total)?;
+        d.set_item("spill_budget_refusals_total", s.spill_budget_refusals_total)?;
+        d.set_item("spill_seconds_total", s.spill_seconds_total)?;
+        d.set_item("unspill_seconds_total", s.unspill_seconds_total)?;
+        d.set_item("weight_total", self.weight_total.load(Relaxed))?;
+        d.set_item(
+            "serialize_seconds_total",
+            self.hooks.serialize_nanos.load(Relaxed) as f64 * 1e-9,
+        )?;
+        d.set_item(
+            "serialized_count_total",
+            self.hooks.fresh_encodes.load(Relaxed),
+        )?;
+        d.set_item(
+            "serialized_bytes_total",
+            self.hooks.fresh_bytes.load(Relaxed),
+        )?;
+        d.set_item("compacted_count_total", s.compacted_count_total)?;
+        d.set_item(
+            "deserialize_seconds_total",
+            self.deserialize_nanos.load(Relaxed) as f64 * 1e-9,
+        )?;
+        Ok(d)
+    }
+
+    /// The buffer's private spill directory.
+    fn spill_dirs(&self) -> PyResult<Vec<PathBuf>> {
+        Ok(self.buffer()?.spill_dirs())
+    }
+
+    /// Stop the IO pool and delete the spill files (GIL released while the
+    /// IO threads finish). Values still in memory are dropped. Idempotent.
+    fn close(&self, py: Python<'_>) {
+        let buf = self.buf.lock().take();
+        self.known.lock().clear();
+        self.hooks.layouts.lock().clear();
+        py.allow_threads(move || drop(buf));
+    }
+
+    fn closed(&self) -> bool {
+        self.buf.lock().is_none()
+    }
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        // An IO thread may be waiting for the GIL (to serialize a value)
+        // while the pool is shut down: release it while joining them.
+        if let Some(buf) = self.buf.get_mut().take() {
+            Python::with_gil(|py| py.allow_threads(move || drop(buf)));
+        }
+    }
+}

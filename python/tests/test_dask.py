@@ -1,0 +1,104 @@
+"""spillbuffer in real Dask workers: the data= factory, the prefetch plugin,
+a Worker and a LocalCluster with nannies."""
+
+import asyncio
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+pytest.importorskip("distributed")
+da = pytest.importorskip("dask.array")
+
+import dask  # noqa: E402
+from distributed import Client, LocalCluster, Scheduler, Worker  # noqa: E402
+
+import spillbuffer  # noqa: E402
+from spillbuffer.dask import PrefetchPlugin, data  # noqa: E402
+
+
+def test_factory_is_picklable_and_checks_options():
+    func, kwargs = pickle.loads(pickle.dumps(data(io_threads=3)))
+    assert kwargs == {"io_threads": 3}
+    assert callable(func)
+    with pytest.raises(TypeError, match="tarrget"):
+        data(tarrget=1)
+
+
+def test_worker_takes_the_factory(tmp_path):
+    asyncio.run(worker_takes_the_factory(tmp_path))
+
+
+async def worker_takes_the_factory(tmp_path):
+    with dask.config.set({"temporary-directory": str(tmp_path)}):
+        async with Scheduler(dashboard_address=":0") as s:
+            async with Worker(s.address, data=data(), memory_limit="1 GiB", nthreads=1) as w:
+                buf = w.data
+                assert isinstance(buf, spillbuffer.SpillBuffer)
+                # The worker's own target, less what the process holds
+                # already (the memory monitor's target is process memory),
+                # and its local directory.
+                worker_target = int((1 << 30) * dask.config.get("distributed.worker.memory.target"))
+                assert worker_target // 2 <= buf.target < worker_target
+                assert buf.spill_directory.startswith(os.path.join(w.local_directory, "spillbuffer"))
+                async with Client(s.address, asynchronous=True) as c:
+                    x = c.submit(np.arange, 10, key="x")
+                    y = c.submit(lambda a: a.sum(), x, key="y")
+                    assert await y == 45
+                    assert set(buf) == {"x", "y"}
+                    # Spill both, read one back through a task.
+                    while buf.fast:
+                        while buf.evict() != -1:
+                            pass
+                        buf.flush()
+                    z = c.submit(lambda a: a * 2, x, key="z")
+                    assert list(await z) == list(range(0, 20, 2))
+                    assert buf.stats()["unspill_count_total"] >= 1
+
+
+def test_plugin_prefetches_consumes_and_closes(tmp_path):
+    asyncio.run(plugin_prefetches_consumes_and_closes(tmp_path))
+
+
+async def plugin_prefetches_consumes_and_closes(tmp_path):
+    with dask.config.set({"temporary-directory": str(tmp_path)}):
+        async with Scheduler(dashboard_address=":0") as s:
+            w = await Worker(s.address, data=data(target=4 << 20), memory_limit="1 GiB", nthreads=1)
+            buf = w.data
+            async with Client(s.address, asynchronous=True) as c:
+                await c.register_plugin(PrefetchPlugin())
+                chunks = [c.submit(np.full, 1 << 17, i, key=f"chunk-{i}") for i in range(16)]  # 1 MiB each
+                await c.gather(chunks)
+                buf.flush()
+                assert len(buf.slow) >= 8
+                sums = [c.submit(np.sum, ch, key=f"sum-{i}") for i, ch in enumerate(chunks)]
+                assert await c.gather(sums) == [i * (1 << 17) for i in range(16)]
+                s_ = buf.stats()
+                # Inputs were read back ahead of use (prefetched on the IO
+                # pool), and none was written twice.
+                assert s_["unspill_count_total"] >= 8
+                assert s_["spill_count_total"] <= 16
+            d = buf.spill_directory
+            await w.close()
+            # Teardown closed the buffer: its files are gone.
+            assert not os.path.exists(d)
+
+
+def test_local_cluster_with_nannies(tmp_path):
+    with dask.config.set({"temporary-directory": str(tmp_path)}):
+        with LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            memory_limit="400 MiB",
+            processes=True,
+            data=data(),
+            dashboard_address=":0",
+        ) as cluster, Client(cluster) as client:
+            client.register_plugin(PrefetchPlugin())
+            x = da.random.random((64 << 20) // 8 * 8, chunks=(8 << 20) // 8).persist()  # 512 MiB, 8 MiB chunks
+            total = x.sum().compute()
+            assert abs(total / x.size - 0.5) < 0.01
+            stats = client.run(lambda dask_worker: (type(dask_worker.data).__name__, dask_worker.data.stats()))
+            assert {name for name, _ in stats.values()} == {"SpillBuffer"}
+            assert sum(s["spill_count_total"] for _, s in stats.values()) > 0
