@@ -1,4 +1,4 @@
-//! Read path choice (issue 4, item 6): memory maps against positioned
+//! How to read a record back: memory maps against positioned
 //! reads, for 4 KiB and 4 MiB records at random places in a 64 MiB segment
 //! whose pages are in the page cache. Each variant ends with the record's
 //! bytes in memory the reader owns, as a decoded value needs:

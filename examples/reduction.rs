@@ -1,4 +1,4 @@
-//! The reduction scenario of issue 3, on one tokio current-thread runtime
+//! The reduction scenario (a worker summing chunks it persisted), on one tokio current-thread runtime
 //! (the host's "event loop"):
 //!
 //! 1. persist: `--chunks` chunks of random f64 (`--chunk-mib` each) go in
