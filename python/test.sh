@@ -17,7 +17,9 @@ py="$venv/bin/python"
 # is imported, not the source tree's.
 cd "$here/.."
 set +e
-"$venv/bin/pytest" -p no:cacheprovider -ra "$here/tests" "$@"
+# A hung test (a cluster that never shuts down) must fail the run, not
+# stall it: the whole suite takes a few minutes.
+timeout --kill-after=30 1800 "$venv/bin/pytest" -p no:cacheprovider -ra "$here/tests" "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

@@ -76,9 +76,13 @@ async def plugin_prefetches_consumes_and_closes(tmp_path):
                 assert await c.gather(sums) == [i * (1 << 17) for i in range(16)]
                 s_ = buf.stats()
                 # Inputs were read back ahead of use (prefetched on the IO
-                # pool), and none was written twice.
+                # pool), and no chunk was written twice: 16 chunks of 1 MiB
+                # went to disk once each; what else was written is the
+                # sums, a few hundred bytes each (the eviction order may
+                # write an old small result rather than drop a chunk that
+                # was just read back for the next task).
                 assert s_["unspill_count_total"] >= 8
-                assert s_["spill_count_total"] <= 16
+                assert s_["spilled_bytes_total"] < 17 << 20
             d = buf.spill_directory
             await w.close()
             # Teardown closed the buffer: its files are gone.

@@ -248,7 +248,9 @@ def test_failing_serialization_keeps_the_value_and_logs_it(make, caplog):
     assert len(buf.slow) == 20
     errors = buf.stats()["spill_errors_total"]
     assert buf.evict() == -1
-    assert buf.stats()["spill_errors_total"] == errors + 1
+    # The crate set the value aside after its first failure: evict() reports
+    # it without trying (or counting) it again.
+    assert buf.stats()["spill_errors_total"] == errors
     assert len([r for r in caplog.records if "Failed to pickle" in r.getMessage()]) == 1
     assert all(buf[("good", i)] == b"x" * 1000 for i in range(20))
 
