@@ -342,3 +342,47 @@ fn a_pinned_value_being_written_is_not_counted_twice_against_the_target() {
     buf.validate().unwrap();
     assert_eq!(buf.get(&0).unwrap().map(|p| p.len()), Some(257));
 }
+
+/// Found by the `faults` fuzz target once it could shrink the disk
+/// (`SetCapacity`), minimised by hand: on a one-block (4 KiB) disk, after
+/// records of ~2.5 KB were written and one replaced, the IO pool never goes
+/// idle: it keeps creating segment files and failing the write
+/// (`drain_spills` → `put_batch` → `Store::allocate` → `create`, over and
+/// over), so `validate()`, which waits for the pool to go idle, never
+/// returns. Timing-dependent (two IO threads, four shards): it hangs in
+/// about two runs of three. Likely cause, not yet confirmed: deleting a
+/// segment whose only write failed reports its allocated range as space
+/// freed (`Store::delete` → `space_freed`), which ends the full-disk
+/// wait, so the same write is tried again at once, and fails again.
+/// Ignored until fixed; it fails (rather than hangs) after 10 s.
+#[test]
+#[ignore = "known hang: the IO pool spins on a full one-block disk"]
+fn a_full_one_block_disk_lets_the_io_pool_go_idle() {
+    let insert = |key, len, compressible| Op::Insert {
+        key,
+        len,
+        compressible,
+    };
+    let ops = vec![
+        insert(11, 2119, true),
+        Op::SetTarget { choice: 1 }, // 256 bytes
+        insert(0, 1995, false),
+        Op::SetCapacity {
+            blocks: 1,
+            refuse_punch: false,
+        },
+        insert(6, 2557, false),
+        insert(0, 2557, false),
+        insert(0, 2557, false),
+    ];
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let dir = tmp();
+        // target 4096, limit 8192, lz4, 2 IO threads, 4 shards, 24 KiB
+        // disk budget, compact below 0.9.
+        run(dir.path(), 253, true, &ops);
+        let _ = done.send(());
+    });
+    let res = finished.recv_timeout(std::time::Duration::from_secs(10));
+    assert!(res.is_ok(), "the run did not finish (or panicked): {res:?}");
+}
