@@ -1,7 +1,8 @@
 //! Model-based tests: random operation sequences applied to a buffer and to
 //! a `HashMap` model by the shared runner in `spillbuffer::testing::ops`,
 //! checking values, `len`, `contains_key` and `validate()` after every
-//! step; the same over the failing storage layer; and a replay of the
+//! step (including `take`, `keys`, `retry_spills`, values whose encode
+//! fails and a small disk); the same over the failing storage layer; and a replay of the
 //! committed fuzz corpus. Minimised failures live here as named tests.
 
 use proptest::prelude::*;
@@ -33,6 +34,11 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..=16384u16).prop_map(|bytes| Op::Evict { bytes }),
         1 => (0..8u8).prop_map(|choice| Op::SetTarget { choice }),
         1 => Just(Op::Flush),
+        1 => key().prop_map(|key| Op::Take { key }),
+        1 => key().prop_map(|key| Op::TakeBlocking { key }),
+        1 => Just(Op::Keys),
+        1 => Just(Op::RetrySpills),
+        1 => (key(), len(), any::<bool>()).prop_map(|(key, len, wait)| Op::InsertBad { key, len, wait }),
     ]
 }
 
@@ -44,6 +50,7 @@ fn fault_op() -> impl Strategy<Value = Op> {
         1 => (1..=4u8).prop_map(|nth| Op::FailCreate { nth }),
         1 => Just(Op::FlipBits),
         1 => Just(Op::ClearFaults),
+        1 => (0..=12u8, any::<bool>()).prop_map(|(blocks, refuse_punch)| Op::SetCapacity { blocks, refuse_punch }),
     ]
 }
 
@@ -332,4 +339,46 @@ fn a_pinned_value_being_written_is_not_counted_twice_against_the_target() {
     buf.flush_blocking().unwrap();
     buf.validate().unwrap();
     assert_eq!(buf.get(&0).unwrap().map(|p| p.len()), Some(257));
+}
+
+/// Found by the `faults` fuzz target once it could shrink the disk
+/// (`SetCapacity`), minimised by hand: on a one-block (4 KiB) disk, after
+/// records of ~2.5 KB were written and one replaced, the IO pool never went
+/// idle: it kept creating a segment file, failing the write and deleting
+/// the segment (`drain_spills` → `put_batch` → `Store::allocate` →
+/// `create`, over and over), so `validate()`, which waits for the pool to
+/// go idle, never returned. Deleting a segment whose only write had failed
+/// was reported as space freed, which ended the full-disk wait and had the
+/// same write tried again at once. It hung in about two runs of three; the
+/// run is on a thread so that a regression fails after 10 s rather than
+/// hanging the suite.
+#[test]
+fn a_full_one_block_disk_lets_the_io_pool_go_idle() {
+    let insert = |key, len, compressible| Op::Insert {
+        key,
+        len,
+        compressible,
+    };
+    let ops = vec![
+        insert(11, 2119, true),
+        Op::SetTarget { choice: 1 }, // 256 bytes
+        insert(0, 1995, false),
+        Op::SetCapacity {
+            blocks: 1,
+            refuse_punch: false,
+        },
+        insert(6, 2557, false),
+        insert(0, 2557, false),
+        insert(0, 2557, false),
+    ];
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let dir = tmp();
+        // target 4096, limit 8192, lz4, 2 IO threads, 4 shards, 24 KiB
+        // disk budget, compact below 0.9.
+        run(dir.path(), 253, true, &ops);
+        let _ = done.send(());
+    });
+    let res = finished.recv_timeout(std::time::Duration::from_secs(10));
+    assert!(res.is_ok(), "the run did not finish (or panicked): {res:?}");
 }

@@ -91,6 +91,10 @@ struct Segment<K> {
     /// The holes punched so far: disjoint, sorted, [`PUNCH_BLOCK`]-aligned
     /// ranges that no live record touches.
     holes: Vec<(u64, u64)>,
+    /// Bytes of `0..end` whose write failed: counted in `end` (the range
+    /// stays allocated, dead), but not space the file system gives back
+    /// when the file goes, so not "space freed" (see [`Store::delete`]).
+    failed: u64,
     /// Dead bytes (`end - live`) when holes were last punched: a full disk
     /// asks for another pass only once enough more has died.
     dead_seen: u64,
@@ -467,6 +471,7 @@ impl<K: Clone + Debug> Store<K> {
                         }
                     }
                     Err(_) => {
+                        seg.failed += len;
                         // The range stays allocated as dead bytes: nothing
                         // points at it, so a torn record is never read.
                         failed_until[seg.dir] = Some(Instant::now() + DIR_BACKOFF);
@@ -540,6 +545,7 @@ impl<K: Clone + Debug> Store<K> {
                 end: 0,
                 live: 0,
                 punched: 0,
+                failed: 0,
                 holes: Vec::new(),
                 dead_seen: 0,
                 records: HashMap::new(),
@@ -622,7 +628,12 @@ impl<K: Clone + Debug> Store<K> {
     fn forget(&self, seg: Segment<K>) -> DeadSegment {
         self.file_bytes.fetch_sub(seg.end - seg.punched, Relaxed);
         DeadSegment {
-            occupied: seg.end - seg.punched,
+            // What deleting the file gives back: a failed write's range
+            // never held a block (or not one the caller could count on),
+            // and counting it as freed would tell the buffer space came
+            // back each time a segment that only failed is dropped: on a
+            // full disk, a loop of create, fail, delete, retry.
+            occupied: (seg.end - seg.punched).saturating_sub(seg.failed),
             path: seg.path,
             _file: seg.file,
         }

@@ -127,6 +127,102 @@ pub enum Op {
     FlipBits,
     /// Stop all faults, then read every key back (faults only).
     ClearFaults,
+    /// `take(key).await`: the value handed back must be the model's, and
+    /// the key leaves the model (it stays if the read-back failed under an
+    /// armed read fault).
+    Take {
+        /// Key, `0..KEYS`.
+        key: u8,
+    },
+    /// `take_blocking(key)`, checked as [`Op::Take`].
+    TakeBlocking {
+        /// Key, `0..KEYS`.
+        key: u8,
+    },
+    /// `keys()`, sorted, must equal the model's keys.
+    Keys,
+    /// `retry_spills()`.
+    RetrySpills,
+    /// Insert a [`Value`] whose `encode` fails: it is set aside in memory,
+    /// and with `wait` (`insert_async`) it may be refused once such values
+    /// fill memory past the limit.
+    InsertBad {
+        /// Key, `0..KEYS`.
+        key: u8,
+        /// Value length, `0..=MAX_LEN`.
+        len: u16,
+        /// `insert_async` rather than `insert`.
+        wait: bool,
+    },
+    /// Make the storage a small disk of `blocks` × 4 KiB (0: unlimited),
+    /// so that writes fail with ENOSPC and full-disk recovery (punched
+    /// holes, in-place packing) runs; `refuse_punch` makes it a file system
+    /// without hole punching (faults only; not undone by `ClearFaults`).
+    SetCapacity {
+        /// 4 KiB blocks, `0..=MAX_BLOCKS`; 0 is no limit.
+        blocks: u8,
+        /// Punching a hole fails as unsupported.
+        refuse_punch: bool,
+    },
+}
+
+/// Largest disk [`Op::SetCapacity`] makes, in 4 KiB blocks.
+pub const MAX_BLOCKS: u8 = 12;
+
+/// The value type of the buffers under test: bytes, and a flag that makes
+/// `encode` fail (a value the buffer cannot spill, which it must set
+/// aside in memory). Values compare by their bytes, which the runner makes
+/// distinct for every insert ([`value_for`]); a value read back from disk
+/// never has the flag (only values that encode are written).
+#[derive(Debug, Clone)]
+pub struct Value {
+    /// The content.
+    pub bytes: Vec<u8>,
+    /// `encode` fails (and `as_encoded` gives `None`, so that it is called).
+    pub fails_encode: bool,
+}
+
+impl PartialEq for Value {
+    fn eq(&self, other: &Value) -> bool {
+        self.bytes == other.bytes
+    }
+}
+
+impl crate::Spill for Value {
+    fn weight(&self) -> usize {
+        self.bytes.len()
+    }
+
+    fn encode(&self, out: &mut Vec<u8>) -> Result<(), crate::error::BoxError> {
+        if self.fails_encode {
+            return Err("this test value is marked to fail its encode".into());
+        }
+        out.extend_from_slice(&self.bytes);
+        Ok(())
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Value, crate::error::BoxError> {
+        Ok(Value {
+            bytes: bytes.to_vec(),
+            fails_encode: false,
+        })
+    }
+
+    fn as_encoded(&self) -> Option<&[u8]> {
+        (!self.fails_encode).then_some(self.bytes.as_slice())
+    }
+
+    fn decode_in_place(
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> Result<(), crate::error::BoxError>,
+    ) -> Option<Result<Value, crate::error::BoxError>> {
+        <Vec<u8> as crate::Spill>::decode_in_place(len, fill).map(|r| {
+            r.map(|bytes| Value {
+                bytes,
+                fails_encode: false,
+            })
+        })
+    }
 }
 
 /// Settings of the buffer under test, decoded from one byte.
@@ -192,6 +288,11 @@ impl Bytes<'_> {
 
 /// Decode a fuzzer's bytes into operations: one opcode byte, then the
 /// operation's arguments. Every input decodes; at most 256 operations.
+///
+/// Opcode 19 (once a second `Get`) is followed by a byte that picks one
+/// of the operations added later (take, keys, retry, values that fail to
+/// encode, disk capacity): the other opcodes keep their meaning, so that
+/// the committed corpora mostly decode as they did when they were grown.
 pub fn ops_from_bytes(data: &[u8]) -> Vec<Op> {
     let mut b = Bytes(data);
     let mut ops = Vec::new();
@@ -245,7 +346,23 @@ pub fn ops_from_bytes(data: &[u8]) -> Vec<Op> {
                 },
             },
             18 => Op::ClearFaults,
-            _ => Op::Get { key: b.key() },
+            _ => match b.u8() % 8 {
+                0 | 1 => Op::Take { key: b.key() },
+                2 => Op::TakeBlocking { key: b.key() },
+                3 => Op::Keys,
+                4 => Op::RetrySpills,
+                5 | 6 => {
+                    let (key, len, wait) = (b.key(), b.len(), b.u8() & 1 != 0);
+                    Op::InsertBad { key, len, wait }
+                }
+                _ => {
+                    let x = b.u8();
+                    Op::SetCapacity {
+                        blocks: x % (MAX_BLOCKS + 1),
+                        refuse_punch: x & 0x80 != 0,
+                    }
+                }
+            },
         };
         ops.push(op);
     }

@@ -9,13 +9,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// A pin the runner holds: its key, the guard, and the value it must show.
-type HeldPin = (u8, Pinned<Vec<u8>>, Arc<Vec<u8>>);
+type HeldPin = (u8, Pinned<Value>, Arc<Value>);
 
 /// Applies operations to a buffer and to a model, checking after each.
 pub struct Runner {
-    buf: SpillBuffer<u8, Vec<u8>>,
+    buf: SpillBuffer<u8, Value>,
     cfg: Config,
-    model: HashMap<u8, Arc<Vec<u8>>>,
+    model: HashMap<u8, Arc<Value>>,
     pins: Vec<HeldPin>,
     faults: Option<Arc<Faults>>,
     /// A read fault (failure or bit flip) has been armed since the last
@@ -82,7 +82,7 @@ impl Runner {
     }
 
     /// The buffer under test.
-    pub fn buffer(&self) -> &SpillBuffer<u8, Vec<u8>> {
+    pub fn buffer(&self) -> &SpillBuffer<u8, Value> {
         &self.buf
     }
 
@@ -109,13 +109,13 @@ impl Runner {
         &mut self,
         op: &Op,
         key: u8,
-        got: crate::Result<Option<Pinned<Vec<u8>>>>,
+        got: crate::Result<Option<Pinned<Value>>>,
         keep: bool,
     ) {
         let want = self.model.get(&key).cloned();
         match (got, want) {
             (Ok(Some(p)), Some(w)) => {
-                if **p != *w {
+                if *p != *w {
                     self.fail(op, format!("key {key}: read a wrong value"));
                 }
                 if keep {
@@ -125,30 +125,77 @@ impl Runner {
             (Ok(None), None) => {}
             (Ok(Some(_)), None) => self.fail(op, format!("key {key}: read a removed key")),
             (Ok(None), Some(_)) => self.fail(op, format!("key {key}: lost")),
-            (Err(e), want) => {
-                let allowed = self.read_faults
-                    && want.is_some()
-                    && matches!(e, Error::Io { .. } | Error::Corrupt { .. });
-                if !allowed {
-                    self.fail(op, format!("key {key}: read failed: {e}"));
-                }
-                self.failed_reads += 1;
-            }
+            (Err(e), want) => self.read_failed(op, key, e, want.is_some()),
         }
     }
 
-    fn hold(&mut self, key: u8, p: Pinned<Vec<u8>>, want: Arc<Vec<u8>>) {
+    /// A read of `key` failed: allowed only while a read fault is armed,
+    /// for a key the model holds, with `Io` or `Corrupt`.
+    fn read_failed(&mut self, op: &Op, key: u8, e: Error, present: bool) {
+        let allowed =
+            self.read_faults && present && matches!(e, Error::Io { .. } | Error::Corrupt { .. });
+        if !allowed {
+            self.fail(op, format!("key {key}: read failed: {e}"));
+        }
+        self.failed_reads += 1;
+    }
+
+    /// Check a take's outcome against the model, and remove the key from
+    /// the model if it was taken. A failed read-back leaves the key.
+    fn check_take(&mut self, op: &Op, key: u8, got: crate::Result<Option<Arc<Value>>>) {
+        let want = self.model.get(&key).cloned();
+        match (got, want) {
+            (Ok(Some(v)), Some(w)) => {
+                if *v != *w {
+                    self.fail(op, format!("key {key}: took a wrong value"));
+                }
+                self.model.remove(&key);
+            }
+            (Ok(None), None) => {}
+            (Ok(Some(_)), None) => self.fail(op, format!("key {key}: took a removed key")),
+            (Ok(None), Some(_)) => self.fail(op, format!("key {key}: lost")),
+            (Err(e), want) => self.read_failed(op, key, e, want.is_some()),
+        }
+    }
+
+    fn hold(&mut self, key: u8, p: Pinned<Value>, want: Arc<Value>) {
         if self.pins.len() == MAX_PINS {
             self.pins.remove(0);
         }
         self.pins.push((key, p, want));
     }
 
-    fn insert_value(&mut self, key: u8, len: u16, compressible: bool) -> Vec<u8> {
+    /// The next value for `key`, entered in the model.
+    fn insert_value(&mut self, key: u8, len: u16, compressible: bool, fails_encode: bool) -> Value {
         self.serial += 1;
-        let v = value_for(key, self.serial, len, compressible);
+        let v = Value {
+            bytes: value_for(key, self.serial, len, compressible),
+            fails_encode,
+        };
         self.model.insert(key, Arc::new(v.clone()));
         v
+    }
+
+    /// `insert_async(key, v)`, with `v` already in the model. A refusal
+    /// must come with `MemoryLimit` and hand back exactly `v`; the model
+    /// then goes back to `before` (the buffer keeps what it had).
+    fn insert_async(&mut self, op: &Op, key: u8, v: Value, before: Option<Arc<Value>>) {
+        if let Err(e) = block_on(self.buf.insert_async(key, v), HANG) {
+            let sent = match before {
+                Some(old) => self.model.insert(key, old),
+                None => self.model.remove(&key),
+            };
+            if !matches!(e.error, Error::MemoryLimit { .. }) {
+                self.fail(op, format!("insert_async failed: {e}"));
+            }
+            if e.key != key {
+                self.fail(op, format!("insert_async handed back key {}", e.key));
+            }
+            match sent {
+                Some(s) if *s == e.value && s.fails_encode == e.value.fails_encode => {}
+                _ => self.fail(op, "insert_async handed back another value".into()),
+            }
+        }
     }
 
     /// Apply one operation to both sides and check them.
@@ -160,7 +207,7 @@ impl Runner {
                 len,
                 compressible,
             } => {
-                let v = self.insert_value(key, len, compressible);
+                let v = self.insert_value(key, len, compressible, false);
                 if let Err(e) = self.buf.insert(key, v) {
                     self.fail(op, format!("insert failed: {e}"));
                 }
@@ -171,20 +218,54 @@ impl Runner {
                 compressible,
             } => {
                 let before = self.model.get(&key).cloned();
-                let v = self.insert_value(key, len, compressible);
-                if let Err(e) = block_on(self.buf.insert_async(key, v), HANG) {
-                    // Refused (over the limit, spilling failing): the value
-                    // comes back and the buffer keeps what it had.
-                    let sent = match before {
-                        Some(old) => self.model.insert(key, old),
-                        None => self.model.remove(&key),
-                    };
-                    if !matches!(e.error, Error::MemoryLimit { .. }) {
-                        self.fail(op, format!("insert_async failed: {e}"));
-                    }
-                    if sent.as_deref() != Some(&e.value) {
-                        self.fail(op, "insert_async handed back another value".into());
-                    }
+                let v = self.insert_value(key, len, compressible, false);
+                self.insert_async(op, key, v, before);
+            }
+            Op::InsertBad { key, len, wait } => {
+                let before = self.model.get(&key).cloned();
+                let v = self.insert_value(key, len, false, true);
+                if wait {
+                    self.insert_async(op, key, v, before);
+                } else if let Err(e) = self.buf.insert(key, v) {
+                    self.fail(op, format!("insert failed: {e}"));
+                }
+            }
+            Op::Take { key } => {
+                let got = block_on(self.buf.take(&key), HANG);
+                self.check_take(op, key, got);
+            }
+            Op::TakeBlocking { key } => {
+                let got = self.buf.take_blocking(&key);
+                self.check_take(op, key, got);
+            }
+            Op::Keys => {
+                let mut got = self.buf.keys();
+                got.sort_unstable();
+                let mut want: Vec<u8> = self.model.keys().copied().collect();
+                want.sort_unstable();
+                if got != want {
+                    self.fail(op, format!("keys() {got:?} != model {want:?}"));
+                }
+            }
+            Op::RetrySpills => {
+                // Only values that fail their encode are ever set aside.
+                let bad = self.model.values().filter(|v| v.fails_encode).count();
+                let set_aside = self.buf.retry_spills();
+                if set_aside > bad {
+                    self.fail(
+                        op,
+                        format!("retry_spills: {set_aside} set aside, only {bad} bad values"),
+                    );
+                }
+            }
+            Op::SetCapacity {
+                blocks,
+                refuse_punch,
+            } => {
+                if let Some(f) = &self.faults {
+                    let blocks = u64::from(blocks.min(MAX_BLOCKS));
+                    f.set_capacity(blocks * crate::store::storage::PUNCH_BLOCK);
+                    f.refuse_punch(refuse_punch);
                 }
             }
             Op::Get { key } => {
@@ -295,7 +376,7 @@ impl Runner {
             let got = self.buf.get(&key);
             let want = &self.model[&key];
             match got {
-                Ok(Some(p)) if **p == **want => {}
+                Ok(Some(p)) if *p == **want => {}
                 Ok(Some(_)) => self.fail(op, format!("key {key}: wrong value after faults")),
                 Ok(None) => self.fail(op, format!("key {key}: lost")),
                 Err(e) => self.fail(op, format!("key {key}: unreadable after faults: {e}")),
@@ -317,7 +398,7 @@ impl Runner {
             }
         }
         for (key, p, want) in &self.pins {
-            if ***p != **want {
+            if **p != **want {
                 self.fail(op, format!("a held pin of key {key} changed"));
             }
         }
