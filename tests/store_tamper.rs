@@ -70,15 +70,21 @@ fn assert_corrupt(b: &Buf, key: u64) {
 /// place) records.
 const SIZES: [usize; 2] = [3000, 2 << 20];
 
+/// A buffer whose keys 0..8, `size` bytes each, are all on disk.
+fn spilled(dir: &Path, size: usize) -> Buf {
+    let b = buffer(dir);
+    for k in 0..8u64 {
+        b.insert(k, value(k, size)).unwrap();
+    }
+    b.flush_blocking().unwrap();
+    b
+}
+
 #[test]
 fn a_segment_truncated_after_it_was_read_gives_corrupt_not_a_signal() {
     for size in SIZES {
         let tmp = tempfile::tempdir().unwrap();
-        let b = buffer(tmp.path());
-        for k in 0..8u64 {
-            b.insert(k, value(k, size)).unwrap();
-        }
-        b.flush_blocking().unwrap();
+        let b = spilled(tmp.path(), size);
         // Read every key back (what mapped the segment before reads became
         // `pread()` only), and let it go back to disk.
         for k in 0..8u64 {
@@ -104,11 +110,7 @@ fn a_segment_truncated_after_it_was_read_gives_corrupt_not_a_signal() {
 fn a_segment_truncated_before_any_read_gives_corrupt_with_key_and_file() {
     for size in SIZES {
         let tmp = tempfile::tempdir().unwrap();
-        let b = buffer(tmp.path());
-        for k in 0..8u64 {
-            b.insert(k, value(k, size)).unwrap();
-        }
-        b.flush_blocking().unwrap();
+        let b = spilled(tmp.path(), size);
         // Cut every file inside its last record: the earlier records are
         // whole and still read back, the last is cut short.
         for seg in segments(&b) {
@@ -135,11 +137,7 @@ fn a_segment_truncated_before_any_read_gives_corrupt_with_key_and_file() {
 fn an_overwritten_segment_gives_corrupt() {
     for size in SIZES {
         let tmp = tempfile::tempdir().unwrap();
-        let b = buffer(tmp.path());
-        for k in 0..8u64 {
-            b.insert(k, value(k, size)).unwrap();
-        }
-        b.flush_blocking().unwrap();
+        let b = spilled(tmp.path(), size);
         for seg in segments(&b) {
             let len = std::fs::metadata(&seg).unwrap().len();
             std::fs::write(&seg, vec![0x5a; len as usize]).unwrap();
