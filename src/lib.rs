@@ -62,6 +62,8 @@ pub use error::{BoxError, Error, InsertError, Result, SharedError, SpillFailure}
 pub use metrics::Stats;
 pub use store::codec::Compression;
 pub use store::storage::{FsStorage, SegmentFile, Storage};
+#[cfg(feature = "serde")]
+pub use value::Serde;
 pub use value::Spill;
 
 #[cfg(any(test, feature = "testing"))]

@@ -1,0 +1,283 @@
+//! Arrow record batches (`arrow_array::RecordBatch`, feature `arrow`), in
+//! Arrow's IPC stream format: the schema, the batch, the end-of-stream
+//! marker, every buffer 64-byte aligned from the stream's start. The
+//! format DataFusion and other Arrow engines spill in, readable by any
+//! Arrow implementation.
+//!
+//! A large batch is read back into one 64-byte-aligned allocation, and its
+//! arrays point into it: the read is the only copy of their data. The
+//! arrays' bytes are copied once on the way out, into the store's reused
+//! buffer (the record has a header before them).
+
+use super::Spill;
+use crate::error::BoxError;
+use arrow_array::{Array, RecordBatch};
+use arrow_buffer::{Buffer, MutableBuffer};
+use arrow_data::ArrayData;
+use arrow_ipc::reader::StreamDecoder;
+use arrow_ipc::writer::{IpcWriteOptions, StreamWriter};
+use std::collections::HashSet;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// The weight is the memory the batch's arrays hold: each allocation they
+/// point into counted once, at its capacity. A batch read back counts its
+/// one allocation; a slice of a larger batch counts the larger one, which
+/// it keeps alive.
+impl Spill for RecordBatch {
+    fn weight(&self) -> usize {
+        let mut seen = HashSet::new();
+        self.columns()
+            .iter()
+            .map(|c| allocations(&c.to_data(), &mut seen))
+            .sum()
+    }
+
+    fn encode(&self, out: &mut Vec<u8>) -> Result<(), BoxError> {
+        // Written straight from the arrays' buffers into `out` (arrow-ipc
+        // makes no body copy of its own for a stream writer).
+        let mut w =
+            StreamWriter::try_new_with_options(out, &self.schema(), IpcWriteOptions::default())?;
+        w.write(self)?;
+        w.finish()?;
+        Ok(())
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self, BoxError> {
+        // Copied into aligned memory, where the arrays are then used.
+        read_stream(Buffer::from(bytes))
+    }
+
+    fn decode_in_place(
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> Result<(), BoxError>,
+    ) -> Option<Result<Self, BoxError>> {
+        // Zeroed, aligned memory straight from the allocator (fresh zero
+        // pages for a large batch), which the read fills.
+        let mut buf = match MutableBuffer::try_from_len_zeroed(len) {
+            Ok(buf) => buf,
+            Err(e) => return Some(Err(format!("cannot allocate {len} bytes: {e}").into())),
+        };
+        if let Err(e) = fill(buf.as_slice_mut()) {
+            return Some(Err(e));
+        }
+        Some(read_stream(buf.into()))
+    }
+}
+
+/// Bytes of the allocations `data` and its children point into that are
+/// not in `seen` yet.
+fn allocations(data: &ArrayData, seen: &mut HashSet<usize>) -> usize {
+    let mut count = |b: &Buffer| {
+        if seen.insert(b.data_ptr().as_ptr() as usize) {
+            b.capacity()
+        } else {
+            0
+        }
+    };
+    let own: usize = data.buffers().iter().map(&mut count).sum();
+    let nulls = data.nulls().map_or(0, |n| count(n.buffer()));
+    let children: usize = data.child_data().iter().map(|c| allocations(c, seen)).sum();
+    own + nulls + children
+}
+
+/// The one batch of the IPC stream in `buf`, its arrays pointing into
+/// `buf` (arrow copies a buffer only if it is misaligned, which a stream
+/// written by `encode` never is).
+fn read_stream(mut buf: Buffer) -> Result<RecordBatch, BoxError> {
+    check_stream(&buf)?;
+    // `check_stream` rules out every damage known to make arrow panic;
+    // this is for any it does not know.
+    let read = catch_unwind(AssertUnwindSafe(|| -> Result<RecordBatch, BoxError> {
+        let mut decoder = StreamDecoder::new();
+        let batch = decoder
+            .decode(&mut buf)?
+            .ok_or("the stream holds no record batch")?;
+        if decoder.decode(&mut buf)?.is_some() {
+            return Err("the stream holds more than one record batch".into());
+        }
+        decoder.finish()?;
+        Ok(batch)
+    }));
+    read.unwrap_or_else(|_| Err("arrow's IPC reader panicked on the stream".into()))
+}
+
+const CONTINUATION: [u8; 4] = [0xFF; 4];
+
+/// Walk the stream's messages before arrow reads them: each message's
+/// metadata must be a valid flatbuffer, its body within the stream, each
+/// buffer within its body (arrow's reader panics otherwise), and the
+/// stream must hold exactly one record batch and end with the
+/// end-of-stream marker, so that a truncated stream is refused.
+fn check_stream(bytes: &[u8]) -> Result<(), String> {
+    let mut at = 0usize;
+    let mut batches = 0;
+    let take = |at: &mut usize, n: usize, what: &str| -> Result<std::ops::Range<usize>, String> {
+        let end = at
+            .checked_add(n)
+            .filter(|&e| e <= bytes.len())
+            .ok_or_else(|| format!("the stream ends inside {what} at byte {at}"))?;
+        let r = *at..end;
+        *at = end;
+        Ok(r)
+    };
+    loop {
+        let mut word = &bytes[take(&mut at, 4, "a message length")?];
+        if word == CONTINUATION {
+            word = &bytes[take(&mut at, 4, "a message length")?];
+        }
+        let len = u32::from_le_bytes(word.try_into().expect("4 bytes"));
+        if len == 0 {
+            break;
+        }
+        let meta = &bytes[take(&mut at, len as usize, "a message")?];
+        let message =
+            arrow_ipc::root_as_message(meta).map_err(|e| format!("message at byte {at}: {e}"))?;
+        let body_len = usize::try_from(message.bodyLength())
+            .map_err(|_| format!("negative body length before byte {at}"))?;
+        take(&mut at, body_len, "a message body")?;
+        let buffers = match (
+            message.header_as_record_batch(),
+            message.header_as_dictionary_batch(),
+        ) {
+            (Some(b), _) => {
+                batches += 1;
+                b.buffers()
+            }
+            (None, Some(d)) => d.data().and_then(|b| b.buffers()),
+            (None, None) => None,
+        };
+        for b in buffers.iter().flatten() {
+            let inside = u64::try_from(b.offset())
+                .ok()
+                .zip(u64::try_from(b.length()).ok())
+                .and_then(|(o, l)| o.checked_add(l))
+                .is_some_and(|end| end <= body_len as u64);
+            if !inside {
+                return Err(format!(
+                    "a buffer ({} bytes at {}) lies outside its {body_len}-byte message body",
+                    b.length(),
+                    b.offset()
+                ));
+            }
+        }
+    }
+    if at != bytes.len() {
+        return Err(format!(
+            "{} bytes after the end-of-stream marker",
+            bytes.len() - at
+        ));
+    }
+    if batches != 1 {
+        return Err(format!(
+            "the stream holds {batches} record batches, not one"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::value::check;
+    use arrow_array::builder::StringDictionaryBuilder;
+    use arrow_array::types::Int32Type;
+    use arrow_array::{ArrayRef, Float64Array, Int64Array, StringArray};
+    use std::sync::Arc;
+
+    fn batch(rows: usize) -> RecordBatch {
+        let ids: ArrayRef = Arc::new(Int64Array::from_iter(
+            (0..rows as i64).map(|i| (i % 7 != 0).then_some(i)),
+        ));
+        let xs: ArrayRef = Arc::new(Float64Array::from_iter_values(
+            (0..rows).map(|i| i as f64 * 0.25),
+        ));
+        let names: ArrayRef = Arc::new(StringArray::from_iter_values(
+            (0..rows).map(|i| format!("row-{i}")),
+        ));
+        let mut dict = StringDictionaryBuilder::<Int32Type>::new();
+        for i in 0..rows {
+            dict.append_value(["red", "green", "blue"][i % 3]);
+        }
+        let colour: ArrayRef = Arc::new(dict.finish());
+        RecordBatch::try_from_iter([("id", ids), ("x", xs), ("name", names), ("colour", colour)])
+            .unwrap()
+    }
+
+    fn encoded(b: &RecordBatch) -> Vec<u8> {
+        let mut out = Vec::new();
+        b.encode(&mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn record_batches_round_trip() {
+        check::round_trip(batch(1000));
+        check::round_trip(batch(0));
+        check::round_trip(batch(1000).slice(100, 50));
+        check::in_place_round_trip(batch(1000));
+    }
+
+    #[test]
+    fn decode_in_place_uses_the_read_memory_for_every_array() {
+        let v = check::decoded_in_place(&batch(10_000));
+        assert_eq!(v, batch(10_000));
+        let mut buffers = 0;
+        fn each(data: &ArrayData, f: &mut dyn FnMut(&Buffer)) {
+            data.buffers().iter().for_each(&mut *f);
+            if let Some(n) = data.nulls() {
+                f(n.buffer());
+            }
+            data.child_data().iter().for_each(|c| each(c, f));
+        }
+        for col in v.columns() {
+            each(&col.to_data(), &mut |b| {
+                buffers += 1;
+                assert!(
+                    check::holds_read(b.as_ptr(), b.len()),
+                    "a {}-byte buffer of {:?} was copied out of the read",
+                    b.len(),
+                    col.data_type()
+                );
+            });
+        }
+        // ids (values, nulls), x, name (offsets, bytes), colour (keys,
+        // dictionary offsets and bytes).
+        assert_eq!(buffers, 8);
+    }
+
+    #[test]
+    fn weight_counts_each_allocation_once() {
+        let b = batch(10_000);
+        let data_bytes = 10_000 * (8 + 8 + 4) + 10_000 / 8;
+        assert!(b.weight() >= data_bytes, "{} < {data_bytes}", b.weight());
+        assert!(b.weight() <= b.get_array_memory_size());
+        // Read back, the arrays share one allocation: counted once, not
+        // once per array as `get_array_memory_size` does.
+        let enc = encoded(&b);
+        let back = check::decoded_in_place(&b);
+        assert!(back.weight() >= enc.len() && back.weight() <= enc.len() + 128);
+        assert!(back.get_array_memory_size() > 4 * back.weight());
+        // A slice keeps its whole batch alive, and weighs it.
+        assert_eq!(b.slice(0, 10).weight(), b.weight());
+    }
+
+    #[test]
+    fn record_batches_refuse_corrupt_input() {
+        let b = batch(40);
+        let enc = encoded(&b);
+        // Whatever a damaged byte decodes to, it is a valid batch (arrow
+        // validates arrays as it reads them), never a panic; the store's
+        // checksum is what catches damage in plain data.
+        check::corrupt_input::<RecordBatch>(&enc, |got| {
+            got.columns()
+                .iter()
+                .all(|c| c.to_data().validate_full().is_ok())
+        });
+        let err = RecordBatch::decode(&enc[..enc.len() - 8]).unwrap_err();
+        assert!(err.to_string().contains("ends inside"), "{err}");
+        let mut two = enc.clone();
+        two.extend_from_slice(&enc);
+        assert!(RecordBatch::decode(&two).is_err());
+        assert!(RecordBatch::decode(&[0xFF; 64]).is_err());
+    }
+}

@@ -1,0 +1,61 @@
+//! The [`Spill`] trait: how a value is weighed, written out and read back.
+//! The implementations this crate provides live in a module per type
+//! family; those that need a dependency sit behind a cargo feature of the
+//! same name (docs/value-types.md).
+
+mod pod;
+mod string;
+
+#[cfg(feature = "arrow")]
+mod arrow;
+#[cfg(feature = "bytes")]
+mod bytes;
+#[cfg(feature = "serde")]
+mod serde;
+#[cfg(feature = "slices")]
+mod slices;
+
+#[cfg(feature = "serde")]
+pub use self::serde::Serde;
+
+#[cfg(test)]
+pub(crate) mod check;
+
+use crate::error::BoxError;
+
+/// A value that can live in a [`crate::SpillBuffer`].
+///
+/// `encode` and `decode` run on the buffer's IO pool (or on the caller's
+/// thread for the blocking [`crate::SpillBuffer::get`]), never under a lock.
+pub trait Spill: Sized + Send + Sync + 'static {
+    /// Bytes this value occupies in memory: what the memory target counts.
+    fn weight(&self) -> usize;
+    /// Append the encoded form of the value to `out`.
+    fn encode(&self, out: &mut Vec<u8>) -> Result<(), BoxError>;
+    /// Rebuild a value from what `encode` wrote.
+    fn decode(bytes: &[u8]) -> Result<Self, BoxError>;
+
+    /// The encoded form as one borrowed slice, for a value whose memory
+    /// already is its encoding (what `encode` would append). A large value
+    /// is then written to disk straight from its own memory rather than
+    /// copied into a buffer first. Must agree with `encode`.
+    /// Defaults to: `None` (the value is encoded into a buffer).
+    fn as_encoded(&self) -> Option<&[u8]> {
+        None
+    }
+
+    /// Rebuild a value straight into its own memory: allocate it for `len`
+    /// encoded bytes, let `fill` write those bytes into it (from disk, or
+    /// from the decompressor), and return it. A large value is then read
+    /// back with no intermediate buffer. An error from `fill` must be
+    /// returned as is. Returns `None`, without calling `fill`, for types
+    /// that have no such path; they are decoded from a buffer by `decode`.
+    /// Defaults to: `None`.
+    fn decode_in_place(
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> Result<(), BoxError>,
+    ) -> Option<Result<Self, BoxError>> {
+        let _ = (len, fill);
+        None
+    }
+}
