@@ -2,7 +2,11 @@
 //! Arrow's IPC stream format: the schema, the batch, the end-of-stream
 //! marker, every buffer 64-byte aligned from the stream's start. The
 //! format DataFusion and other Arrow engines spill in, readable by any
-//! Arrow implementation.
+//! Arrow implementation. An 8-byte trailer follows the stream: a checksum
+//! of the messages' metadata, so that damaged metadata (buffer offsets and
+//! lengths, types) is refused before arrow's reader, which trusts it,
+//! sees it; damaged data is caught by arrow's validation of the arrays or
+//! is plain data, which the store's checksum covers.
 //!
 //! A large batch is read back into one 64-byte-aligned allocation, and its
 //! arrays point into it: the read is the only copy of their data. The
@@ -16,6 +20,7 @@ use arrow_buffer::{Buffer, MutableBuffer};
 use arrow_data::ArrayData;
 use arrow_ipc::reader::StreamDecoder;
 use arrow_ipc::writer::{IpcWriteOptions, StreamWriter};
+use arrow_ipc::MetadataVersion;
 use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -35,11 +40,13 @@ impl Spill for RecordBatch {
     fn encode(&self, out: &mut Vec<u8>) -> Result<(), BoxError> {
         // Written straight from the arrays' buffers into `out` (arrow-ipc
         // makes no body copy of its own for a stream writer).
-        let mut w =
-            StreamWriter::try_new_with_options(out, &self.schema(), IpcWriteOptions::default())?;
+        let options = IpcWriteOptions::try_new(ALIGNMENT, false, MetadataVersion::V5)?;
+        let start = out.len();
+        let mut w = StreamWriter::try_new_with_options(&mut *out, &self.schema(), options)?;
         w.write(self)?;
         w.finish()?;
-        Ok(())
+        drop(w);
+        seal(out, start)
     }
 
     fn decode(bytes: &[u8]) -> Result<Self, BoxError> {
@@ -80,19 +87,20 @@ fn allocations(data: &ArrayData, seen: &mut HashSet<usize>) -> usize {
     own + nulls + children
 }
 
-/// The one batch of the IPC stream in `buf`, its arrays pointing into
-/// `buf` (arrow copies a buffer only if it is misaligned, which a stream
-/// written by `encode` never is).
-fn read_stream(mut buf: Buffer) -> Result<RecordBatch, BoxError> {
-    check_stream(&buf)?;
+/// The one batch of the stream in `buf` (IPC stream and trailer), its
+/// arrays pointing into `buf` (arrow copies a buffer only if it is
+/// misaligned, which a stream written by `encode` never is).
+fn read_stream(buf: Buffer) -> Result<RecordBatch, BoxError> {
+    let len = check_stream(&buf)?;
+    let mut stream = buf.slice_with_length(0, len);
     // `check_stream` rules out every damage known to make arrow panic;
     // this is for any it does not know.
     let read = catch_unwind(AssertUnwindSafe(|| -> Result<RecordBatch, BoxError> {
         let mut decoder = StreamDecoder::new();
         let batch = decoder
-            .decode(&mut buf)?
+            .decode(&mut stream)?
             .ok_or("the stream holds no record batch")?;
-        if decoder.decode(&mut buf)?.is_some() {
+        if decoder.decode(&mut stream)?.is_some() {
             return Err("the stream holds more than one record batch".into());
         }
         decoder.finish()?;
@@ -103,13 +111,80 @@ fn read_stream(mut buf: Buffer) -> Result<RecordBatch, BoxError> {
 
 const CONTINUATION: [u8; 4] = [0xFF; 4];
 
-/// Walk the stream's messages before arrow reads them: each message's
-/// metadata must be a valid flatbuffer, its body within the stream, each
-/// buffer within its body (arrow's reader panics otherwise), and the
-/// stream must hold exactly one record batch and end with the
-/// end-of-stream marker, so that a truncated stream is refused.
-fn check_stream(bytes: &[u8]) -> Result<(), String> {
+/// Alignment of every message and buffer from the stream's start: arrow's
+/// own default, enough for any array type, so that none is copied.
+const ALIGNMENT: usize = 64;
+
+/// The last 4 bytes of an encoding, after the checksum: names this
+/// format, so that other bytes are refused rather than misread.
+const TRAILER_TAG: [u8; 4] = *b"SBA1";
+
+/// Bytes after the IPC stream: the checksum of its messages' metadata
+/// (CRC-32, little-endian), then [`TRAILER_TAG`]. Readers of plain IPC
+/// streams stop at the end-of-stream marker before it.
+const TRAILER: usize = 8;
+
+/// Append the trailer of the IPC stream `out[start..]`.
+fn seal(out: &mut Vec<u8>, start: usize) -> Result<(), BoxError> {
+    let walk = walk_stream(&out[start..])?;
+    out.extend_from_slice(&walk.metadata_crc.to_le_bytes());
+    out.extend_from_slice(&TRAILER_TAG);
+    Ok(())
+}
+
+/// Check an encoding before arrow reads it: its trailer, then its IPC
+/// stream ([`walk_stream`]), whose metadata must match the checksum.
+/// Returns the stream's length.
+fn check_stream(bytes: &[u8]) -> Result<usize, String> {
+    let Some(len) = bytes.len().checked_sub(TRAILER) else {
+        return Err(format!(
+            "{} bytes is too short for a record batch",
+            bytes.len()
+        ));
+    };
+    let (stream, trailer) = bytes.split_at(len);
+    if trailer[4..] != TRAILER_TAG {
+        return Err("not a record batch written by spillbuffer (trailer tag)".into());
+    }
+    let want = u32::from_le_bytes(trailer[..4].try_into().expect("4 bytes"));
+    let walk = walk_stream(stream)?;
+    if walk.metadata_crc != want {
+        return Err("the IPC messages' metadata fails its checksum".into());
+    }
+    if walk.end != len {
+        return Err(format!(
+            "{} bytes after the end-of-stream marker",
+            len - walk.end
+        ));
+    }
+    if walk.batches != 1 {
+        return Err(format!(
+            "the stream holds {} record batches, not one",
+            walk.batches
+        ));
+    }
+    Ok(len)
+}
+
+/// What [`walk_stream`] found.
+struct Walk {
+    /// CRC-32 of every message's length prefix and metadata (not bodies).
+    metadata_crc: u32,
+    /// Where the end-of-stream marker ends.
+    end: usize,
+    /// Record batch messages seen.
+    batches: usize,
+}
+
+/// Walk an IPC stream's messages up to its end-of-stream marker. Each
+/// message's metadata must be a valid flatbuffer, its body within the
+/// stream and aligned, and each of its buffers within the body and
+/// aligned as `encode` aligns them: arrow's reader panics on a buffer
+/// outside its body or misaligned, which the checksum alone would not
+/// rule out for a stream damaged before it was sealed.
+fn walk_stream(bytes: &[u8]) -> Result<Walk, String> {
     let mut at = 0usize;
+    let mut crc = crc32fast::Hasher::new();
     let mut batches = 0;
     let take = |at: &mut usize, n: usize, what: &str| -> Result<std::ops::Range<usize>, String> {
         let end = at
@@ -121,19 +196,26 @@ fn check_stream(bytes: &[u8]) -> Result<(), String> {
         Ok(r)
     };
     loop {
+        let prefix_start = at;
         let mut word = &bytes[take(&mut at, 4, "a message length")?];
         if word == CONTINUATION {
             word = &bytes[take(&mut at, 4, "a message length")?];
         }
         let len = u32::from_le_bytes(word.try_into().expect("4 bytes"));
+        let meta = take(&mut at, len as usize, "a message")?;
+        crc.update(&bytes[prefix_start..at]);
         if len == 0 {
             break;
         }
-        let meta = &bytes[take(&mut at, len as usize, "a message")?];
-        let message =
-            arrow_ipc::root_as_message(meta).map_err(|e| format!("message at byte {at}: {e}"))?;
+        let message = arrow_ipc::root_as_message(&bytes[meta])
+            .map_err(|e| format!("message before byte {at}: {e}"))?;
         let body_len = usize::try_from(message.bodyLength())
             .map_err(|_| format!("negative body length before byte {at}"))?;
+        if at % ALIGNMENT != 0 {
+            return Err(format!(
+                "a message body starts at byte {at}, not {ALIGNMENT}-byte aligned"
+            ));
+        }
         take(&mut at, body_len, "a message body")?;
         let buffers = match (
             message.header_as_record_batch(),
@@ -147,32 +229,25 @@ fn check_stream(bytes: &[u8]) -> Result<(), String> {
             (None, None) => None,
         };
         for b in buffers.iter().flatten() {
-            let inside = u64::try_from(b.offset())
+            let fits = u64::try_from(b.offset())
                 .ok()
                 .zip(u64::try_from(b.length()).ok())
-                .and_then(|(o, l)| o.checked_add(l))
-                .is_some_and(|end| end <= body_len as u64);
-            if !inside {
+                .and_then(|(o, l)| Some((o, o.checked_add(l)?)))
+                .is_some_and(|(o, end)| o % ALIGNMENT as u64 == 0 && end <= body_len as u64);
+            if !fits {
                 return Err(format!(
-                    "a buffer ({} bytes at {}) lies outside its {body_len}-byte message body",
+                    "a buffer ({} bytes at {}) is misaligned or outside its {body_len}-byte message body",
                     b.length(),
                     b.offset()
                 ));
             }
         }
     }
-    if at != bytes.len() {
-        return Err(format!(
-            "{} bytes after the end-of-stream marker",
-            bytes.len() - at
-        ));
-    }
-    if batches != 1 {
-        return Err(format!(
-            "the stream holds {batches} record batches, not one"
-        ));
-    }
-    Ok(())
+    Ok(Walk {
+        metadata_crc: crc.finalize(),
+        end: at,
+        batches,
+    })
 }
 
 #[cfg(test)]
@@ -215,6 +290,16 @@ mod tests {
         check::round_trip(batch(0));
         check::round_trip(batch(1000).slice(100, 50));
         check::in_place_round_trip(batch(1000));
+    }
+
+    #[test]
+    fn the_encoding_is_an_ipc_stream_any_arrow_reader_reads() {
+        let b = batch(100);
+        let enc = encoded(&b);
+        let reader =
+            arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(enc), None).unwrap();
+        let batches: Vec<RecordBatch> = reader.map(Result::unwrap).collect();
+        assert_eq!(batches, [b]);
     }
 
     #[test]
@@ -274,6 +359,11 @@ mod tests {
                 .all(|c| c.to_data().validate_full().is_ok())
         });
         let err = RecordBatch::decode(&enc[..enc.len() - 8]).unwrap_err();
+        assert!(err.to_string().contains("trailer tag"), "{err}");
+        // The stream cut short, the trailer kept.
+        let mut cut = enc[..enc.len() - 16].to_vec();
+        cut.extend_from_slice(&enc[enc.len() - 8..]);
+        let err = RecordBatch::decode(&cut).unwrap_err();
         assert!(err.to_string().contains("ends inside"), "{err}");
         let mut two = enc.clone();
         two.extend_from_slice(&enc);
