@@ -129,8 +129,9 @@ mod arrow_values {
 
     #[test]
     fn record_batches_spill_and_read_back() {
-        round_trip(&[batch(100), batch(60_000)]);
-        damaged_is_corrupt(batch(60_000));
+        // About 24 bytes a row.
+        round_trip(&[batch(SMALL / 24), batch(LARGE / 24)]);
+        damaged_is_corrupt(batch(LARGE / 24));
     }
 }
 
@@ -157,7 +158,8 @@ mod serde_values {
 
     #[test]
     fn serde_values_spill_and_read_back() {
-        round_trip(&[chunk(100), chunk(100_000)]);
-        damaged_is_corrupt(chunk(100_000));
+        // About 12 bytes a row.
+        round_trip(&[chunk(SMALL / 12), chunk(LARGE / 12)]);
+        damaged_is_corrupt(chunk(LARGE / 12));
     }
 }

@@ -63,6 +63,7 @@ pub(crate) fn holds_read(ptr: *const u8, len: usize) -> bool {
 /// give a value `ok` accepts (a flipped byte in plain data is plain data:
 /// the store's checksum is what catches those). No error may come from a
 /// panic caught inside `decode`.
+#[cfg(any(feature = "arrow", feature = "serde"))]
 pub(crate) fn corrupt_input<V: Spill>(enc: &[u8], ok: impl Fn(&V) -> bool) {
     let step = (enc.len() / 512).max(1);
     let no_panic = |e: crate::error::BoxError, what: &str| {
