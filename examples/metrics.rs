@@ -51,14 +51,18 @@ impl GaugeFn for Value {
     }
 }
 
+/// Series by name, then by labels rendered as `{k="v",…}`.
+type Series = BTreeMap<String, BTreeMap<String, Arc<Value>>>;
+
+/// Unit and help text by series name.
+type Help = BTreeMap<String, (Option<Unit>, String)>;
+
 /// Collects series and their descriptions; renders them as Prometheus
 /// text.
 #[derive(Default, Clone)]
 struct TextRecorder {
-    /// name → (labels rendered as `{k="v",…}` → value).
-    series: Arc<Mutex<BTreeMap<String, BTreeMap<String, Arc<Value>>>>>,
-    /// name → (unit, help).
-    help: Arc<Mutex<BTreeMap<String, (Option<Unit>, String)>>>,
+    series: Arc<Mutex<Series>>,
+    help: Arc<Mutex<Help>>,
 }
 
 impl TextRecorder {
