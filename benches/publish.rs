@@ -13,8 +13,8 @@ mod common;
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use metrics::{
-    Counter, CounterFn, Gauge, GaugeFn, Histogram, Key, KeyName, Metadata, Recorder,
-    SharedString, Unit,
+    Counter, CounterFn, Gauge, GaugeFn, Histogram, Key, KeyName, Metadata, Recorder, SharedString,
+    Unit,
 };
 use parking_lot::RwLock;
 use std::collections::HashMap;
