@@ -10,6 +10,7 @@ use std::fmt::Debug;
 use std::marker::PhantomData;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Settings for a [`SpillBuffer`](crate::SpillBuffer); made by
 /// [`SpillBuffer::builder`](crate::SpillBuffer::builder).
@@ -30,6 +31,8 @@ pub(crate) struct Config {
     pub compact_below: f64,
     pub shards: usize,
     pub storage: Arc<dyn Storage>,
+    pub name: Option<String>,
+    pub metrics_interval: Duration,
 }
 
 impl<K, V> Debug for Builder<K, V> {
@@ -45,6 +48,8 @@ impl<K, V> Debug for Builder<K, V> {
             .field("segment_size", &c.segment_size)
             .field("compact_below", &c.compact_below)
             .field("shards", &c.shards)
+            .field("name", &c.name)
+            .field("metrics_interval", &c.metrics_interval)
             .finish_non_exhaustive()
     }
 }
@@ -62,6 +67,8 @@ impl<K, V> Builder<K, V> {
             compact_below: 0.7,
             shards: 16,
             storage: Arc::new(FsStorage),
+            name: None,
+            metrics_interval: Duration::from_secs(1),
         };
         Builder {
             cfg,
@@ -150,6 +157,29 @@ impl<K, V> Builder<K, V> {
     /// of the `testing` feature, which fails on demand.
     pub fn storage(mut self, storage: Arc<dyn Storage>) -> Self {
         self.cfg.storage = storage;
+        self
+    }
+
+    /// The buffer's name: the `buffer` label of its metrics (feature
+    /// `metrics`) and the `buffer` field of its tracing spans (feature
+    /// `tracing`), so that several buffers in one process can be told
+    /// apart. Give live buffers different names: two with the same name
+    /// publish over each other. Defaults to: a number, counting the
+    /// buffers built without a name in this process from 1 (`"1"`,
+    /// `"2"`, …).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.cfg.name = Some(name.into());
+        self
+    }
+
+    /// How often at most the IO pool publishes the stats through the
+    /// `metrics` facade (feature `metrics`; unused without it): after a
+    /// job, or after an idle thread has waited this long for one, when
+    /// they changed. Every [`SpillBuffer::stats`](crate::SpillBuffer::stats)
+    /// call publishes too. Zero publishes after every job (for tests).
+    /// Defaults to: 1 second.
+    pub fn metrics_interval(mut self, interval: Duration) -> Self {
+        self.cfg.metrics_interval = interval;
         self
     }
 

@@ -23,7 +23,8 @@ use super::{evict::Backoff, Key};
 use crate::config::Config;
 use crate::error::Error;
 use crate::io::{Pool, Priority};
-use crate::metrics::{Metrics, Stats};
+use crate::metrics::spans::JobSpan;
+use crate::metrics::{Metrics, Stats, Telemetry};
 use crate::store::{DiskLoc, Store};
 use crate::value::Spill;
 use parking_lot::Mutex;
@@ -79,6 +80,8 @@ pub(crate) struct Inner<K, V> {
     pub store: Store<K>,
     pub pool: Pool,
     pub metrics: Metrics,
+    /// The buffer's name, its metrics publisher.
+    pub telemetry: Telemetry,
     pub mem_waiters: MemoryWaiters,
     /// Victims waiting to be written. Whenever it is not empty, a job that
     /// drains it is queued or running: values evicted while a write is in
@@ -121,6 +124,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
             store,
             pool,
             metrics: Metrics::default(),
+            telemetry: Telemetry::new(cfg.name.as_deref()),
             mem_waiters: MemoryWaiters::default(),
             spill_queue: Mutex::new(Vec::new()),
             budget_logged: AtomicBool::new(false),
@@ -387,9 +391,15 @@ impl<K: Key, V: Spill> Inner<K, V> {
     /// Compact segment `seg`, switching each entry to its record's copy
     /// under the entry's shard lock. Runs on the pool.
     fn compact(&self, seg: u32) {
+        let span = JobSpan::compact(&self.telemetry, || {
+            self.store.path_of(DiskLoc::new(seg, 0, 1))
+        });
         let done = self.store.compact(seg, |key, old, new| {
             self.with_shard(self.shard_of(key), |shard| shard.relocate(key, old, new))
         });
+        span.record("moved", done.moved);
+        span.record("retry", done.retry as u64);
+        drop(span);
         Metrics::add(&self.metrics.compacted, done.moved);
         self.reclaimed();
         if done.retry {
@@ -407,7 +417,18 @@ impl<K: Key, V: Spill> Inner<K, V> {
         self.evict_to_target();
     }
 
+    /// The stats now; with the `metrics` feature, published too.
     pub(crate) fn stats(&self) -> Stats {
+        self.telemetry.stats(|| self.read_stats())
+    }
+
+    /// From the IO pool's ticks: publish the stats if they changed.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn publish_stats(&self) {
+        self.telemetry.tick(|| self.read_stats());
+    }
+
+    fn read_stats(&self) -> Stats {
         let detached = self.g.detached.load(Relaxed) as u64;
         let detached_count = self.g.detached_count.load(Relaxed) as u64;
         let mut st = Stats {

@@ -106,8 +106,12 @@ impl<K: Key, V: Spill> Builder<K, V> {
     pub fn build(self) -> Result<SpillBuffer<K, V>> {
         let cfg = self.check()?;
         let dirs = SpillDirs::create(&cfg.dirs)?;
-        let pool = Pool::new(cfg.io_threads)
-            .map_err(|e| Error::io("start IO threads", dirs.path(0).to_path_buf(), e))?;
+        #[cfg(feature = "metrics")]
+        let pool = Pool::with_tick(cfg.io_threads, cfg.metrics_interval);
+        #[cfg(not(feature = "metrics"))]
+        let pool = Pool::new(cfg.io_threads);
+        let pool =
+            pool.map_err(|e| Error::io("start IO threads", dirs.path(0).to_path_buf(), e))?;
         let store = Store::new(
             dirs.paths().to_vec(),
             Arc::clone(&cfg.storage),
@@ -119,6 +123,16 @@ impl<K: Key, V: Spill> Builder<K, V> {
             },
         );
         let inner = Inner::new(&cfg, store, pool);
+        #[cfg(feature = "metrics")]
+        {
+            // Weak: the pool's threads must not keep the buffer alive.
+            let weak = Arc::downgrade(&inner);
+            inner.pool.on_tick(Box::new(move || {
+                if let Some(inner) = weak.upgrade() {
+                    inner.publish_stats();
+                }
+            }));
+        }
         for parent in cfg.dirs {
             inner.pool.submit(
                 crate::io::Priority::Background,

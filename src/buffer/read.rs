@@ -10,6 +10,7 @@ use super::shard::{After, Found, Wake};
 use super::Key;
 use crate::error::Result;
 use crate::io::Priority;
+use crate::metrics::spans::JobSpan;
 use crate::metrics::Metrics;
 use crate::store::DiskLoc;
 use crate::value::Spill;
@@ -65,9 +66,11 @@ impl<K: Key, V: Spill> Inner<K, V> {
     /// Read `key`'s record back and hand the value to its waiters. Runs on
     /// the pool, or on the caller's thread for a blocking `get`.
     pub(crate) fn unspill(&self, key: K, version: u64, loc: DiskLoc) {
+        let span = JobSpan::unspill(&self.telemetry, &key, loc);
         let start = Instant::now();
         let res = self.store.get::<V>(&key, loc).map(Arc::new);
         Metrics::add_time(&self.metrics.unspill_nanos, start.elapsed());
+        span.outcome(&res, |_| loc, |loc| self.store.path_of(loc));
         if res.is_ok() {
             Metrics::add(&self.metrics.unspill_count, 1);
             Metrics::add(&self.metrics.unspilled_bytes, loc.len());

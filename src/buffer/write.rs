@@ -7,6 +7,7 @@
 use super::inner::Inner;
 use super::Key;
 use crate::io::Priority;
+use crate::metrics::spans::JobSpan;
 use crate::metrics::Metrics;
 use crate::store::put::IN_PLACE_MIN;
 use crate::store::DiskLoc;
@@ -58,16 +59,27 @@ impl<K: Key, V: Spill> Inner<K, V> {
         if small.is_empty() {
             return;
         }
+        let span = JobSpan::spill_batch(&self.telemetry, small.len(), || {
+            small.iter().map(|j| j.value.weight()).sum()
+        });
+        let (mut bytes, mut failed) = (0, 0);
         let start = Instant::now();
         let items: Vec<(&K, &V)> = small.iter().map(|j| (&j.key, &*j.value)).collect();
         // Each record's outcome is applied as soon as its write is done,
         // so that memory is freed batch by batch. The jobs' handles on the
         // values go at the end; on the pool a free happens in place anyway.
         self.store.put_batch(&items, |i, res| {
+            match &res {
+                Ok(loc) => bytes += loc.len(),
+                Err(_) => failed += 1,
+            }
             let job = &small[i];
             self.finish_spill(&job.key, job.version, res);
         });
         Metrics::add_time(&self.metrics.spill_nanos, start.elapsed());
+        span.record("bytes", bytes);
+        span.record("failed", failed);
+        drop(span);
         drop(items);
         drop(small);
         self.queue_compactions();
@@ -78,9 +90,11 @@ impl<K: Key, V: Spill> Inner<K, V> {
         if !self.still_live(&job.key, job.version) {
             return;
         }
+        let span = JobSpan::spill(&self.telemetry, &job.key, || job.value.weight());
         let start = Instant::now();
         let res = self.store.put(&job.key, &*job.value);
         Metrics::add_time(&self.metrics.spill_nanos, start.elapsed());
+        span.outcome(&res, |&loc| loc, |loc| self.store.path_of(loc));
         let SpillJob {
             key,
             version,

@@ -6,9 +6,12 @@
 //! Jobs are boxed closures, so the pool knows nothing of keys and values.
 //! It counts queued and running jobs so that `flush` can wait for all of
 //! them, from async code or from a blocking caller, and measures its
-//! wall-clock busy time ([`busy`]).
+//! wall-clock busy time ([`busy`]). With the `metrics` feature its threads
+//! also run a periodic callback ([`tick`]) between jobs.
 
 mod busy;
+#[cfg(feature = "metrics")]
+mod tick;
 
 use busy::Busy;
 use crossbeam_channel::{Receiver, Select, Sender};
@@ -17,6 +20,15 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::thread::{JoinHandle, ThreadId};
+#[cfg(feature = "metrics")]
+use tick::Tick;
+
+/// The periodic callback of the threads, if any: `None` without the
+/// `metrics` feature, so that the build without it is the plain pool.
+#[cfg(feature = "metrics")]
+type MaybeTick = Option<Arc<Tick>>;
+#[cfg(not(feature = "metrics"))]
+type MaybeTick = Option<Arc<std::convert::Infallible>>;
 
 /// A unit of work for the pool.
 pub(crate) type Job = Box<dyn FnOnce() + Send + 'static>;
@@ -76,11 +88,40 @@ pub(crate) struct Pool {
     busy: Arc<Busy>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     thread_ids: Vec<ThreadId>,
+    #[cfg(feature = "metrics")]
+    tick: MaybeTick,
 }
 
 impl Pool {
     /// Start `threads` IO threads.
+    #[cfg_attr(
+        all(feature = "metrics", not(test)),
+        expect(
+            dead_code,
+            reason = "with the metrics feature, buffers start pools with a tick"
+        )
+    )]
     pub(crate) fn new(threads: usize) -> std::io::Result<Pool> {
+        Pool::start(threads, None)
+    }
+
+    /// Start `threads` IO threads that run the callback given to
+    /// [`Pool::on_tick`] at most once per `every`: after a job, or after
+    /// waiting that long for one.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn with_tick(threads: usize, every: std::time::Duration) -> std::io::Result<Pool> {
+        Pool::start(threads, Some(Arc::new(Tick::new(every))))
+    }
+
+    /// Set the callback of a pool made by [`Pool::with_tick`].
+    #[cfg(feature = "metrics")]
+    pub(crate) fn on_tick(&self, run: Box<dyn Fn() + Send + Sync>) {
+        if let Some(t) = &self.tick {
+            t.set(run);
+        }
+    }
+
+    fn start(threads: usize, tick: MaybeTick) -> std::io::Result<Pool> {
         let channels: [(Sender<Job>, Receiver<Job>); QUEUES] =
             std::array::from_fn(|_| crossbeam_channel::unbounded());
         let rx = channels.each_ref().map(|(_, rx)| rx.clone());
@@ -94,9 +135,10 @@ impl Pool {
             let stop = stop_rx.clone();
             let idle = Arc::clone(&idle);
             let busy = Arc::clone(&busy);
+            let tick = tick.clone();
             let h = std::thread::Builder::new()
                 .name(format!("spillbuffer-io-{i}"))
-                .spawn(move || worker(rx, stop, idle, busy))?;
+                .spawn(move || worker(rx, stop, idle, busy, tick))?;
             handles.push(h);
         }
         Ok(Pool {
@@ -109,6 +151,8 @@ impl Pool {
             idle,
             busy,
             threads: Mutex::new(handles),
+            #[cfg(feature = "metrics")]
+            tick,
         })
     }
 
@@ -196,9 +240,15 @@ impl Drop for Pool {
     }
 }
 
-fn worker(rx: [Receiver<Job>; QUEUES], stop: Receiver<()>, idle: Arc<Idle>, busy: Arc<Busy>) {
+fn worker(
+    rx: [Receiver<Job>; QUEUES],
+    stop: Receiver<()>,
+    idle: Arc<Idle>,
+    busy: Arc<Busy>,
+    tick: MaybeTick,
+) {
     loop {
-        let job = match next_job(&rx, &stop) {
+        let job = match next_job(&rx, &stop, &tick) {
             Some(job) => job,
             None => return,
         };
@@ -207,13 +257,29 @@ fn worker(rx: [Receiver<Job>; QUEUES], stop: Receiver<()>, idle: Arc<Idle>, busy
             tracing::error!("a spillbuffer IO job panicked; the pool keeps running");
         }
         busy.end();
+        // Before the job counts as done, so that a `flush` returns after
+        // what the tick publishes of the job's outcome.
+        run_tick(&tick);
         idle.done();
     }
 }
 
+/// Run the tick's callback if it is due, containing a panic in it.
+#[cfg_attr(not(feature = "metrics"), inline(always))]
+fn run_tick(tick: &MaybeTick) {
+    #[cfg(feature = "metrics")]
+    if let Some(t) = tick {
+        if catch_unwind(AssertUnwindSafe(|| t.run_if_due())).is_err() {
+            tracing::error!("a spillbuffer metrics publication panicked; the pool keeps running");
+        }
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = tick;
+}
+
 /// The highest-priority job available, waiting if there is none. `None`
 /// when the pool is stopping.
-fn next_job(rx: &[Receiver<Job>; QUEUES], stop: &Receiver<()>) -> Option<Job> {
+fn next_job(rx: &[Receiver<Job>; QUEUES], stop: &Receiver<()>, tick: &MaybeTick) -> Option<Job> {
     loop {
         if stop.try_recv() == Err(crossbeam_channel::TryRecvError::Disconnected) {
             return None;
@@ -230,6 +296,14 @@ fn next_job(rx: &[Receiver<Job>; QUEUES], stop: &Receiver<()>) -> Option<Job> {
         sel.recv(stop);
         // Only wait for readiness; the loop above then takes the job in
         // priority order.
+        #[cfg(feature = "metrics")]
+        if let Some(t) = tick {
+            if sel.ready_timeout(t.idle_wait()).is_err() {
+                run_tick(tick);
+            }
+            continue;
+        }
+        let _ = tick;
         sel.ready();
     }
 }

@@ -218,8 +218,8 @@ impl<K: Clone + Debug> Store<K> {
         self.file_bytes.load(Relaxed)
     }
 
-    /// Path of the file holding `loc`.
-    #[cfg(test)]
+    /// Path of the file holding `loc` (for tests, and the `segment` field
+    /// of the tracing spans).
     pub(crate) fn path_of(&self, loc: DiskLoc) -> PathBuf {
         let g = self.inner.lock();
         match g.segs.get(&loc.seg) {

@@ -1,9 +1,4 @@
-//! Counters kept as atomics on the hot paths and read as one [`Stats`]
-//! snapshot. Gauges that the index owns (resident bytes and counts) live in
-//! the index; this module holds the totals.
-
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::Duration;
+//! The [`Stats`] snapshot a host reads, and how it prints.
 
 /// A snapshot of a buffer's state and counters, from
 /// [`crate::SpillBuffer::stats`]. Gauges are read one by one without a global
@@ -71,49 +66,6 @@ pub struct Stats {
     /// job (any job: writes, reads, frees, compaction). At most the
     /// buffer's age; its ratio to elapsed time is how busy the pool was.
     pub io_busy_seconds_total: f64,
-}
-
-/// The counters behind the `*_total` fields of [`Stats`].
-#[derive(Debug, Default)]
-pub(crate) struct Metrics {
-    pub spilled_bytes: AtomicU64,
-    pub spill_count: AtomicU64,
-    pub unspilled_bytes: AtomicU64,
-    pub unspill_count: AtomicU64,
-    pub clean_evictions: AtomicU64,
-    pub spill_errors: AtomicU64,
-    pub encode_errors: AtomicU64,
-    pub io_errors: AtomicU64,
-    pub budget_refusals: AtomicU64,
-    pub compacted: AtomicU64,
-    pub spill_nanos: AtomicU64,
-    pub unspill_nanos: AtomicU64,
-}
-
-impl Metrics {
-    pub(crate) fn add(counter: &AtomicU64, n: u64) {
-        counter.fetch_add(n, Relaxed);
-    }
-
-    pub(crate) fn add_time(counter: &AtomicU64, d: Duration) {
-        counter.fetch_add(d.as_nanos().min(u64::MAX as u128) as u64, Relaxed);
-    }
-
-    /// Fill the `*_total` fields of `stats`.
-    pub(crate) fn fill(&self, stats: &mut Stats) {
-        stats.spilled_bytes_total = self.spilled_bytes.load(Relaxed);
-        stats.spill_count_total = self.spill_count.load(Relaxed);
-        stats.unspilled_bytes_total = self.unspilled_bytes.load(Relaxed);
-        stats.unspill_count_total = self.unspill_count.load(Relaxed);
-        stats.clean_evictions_total = self.clean_evictions.load(Relaxed);
-        stats.spill_errors_total = self.spill_errors.load(Relaxed);
-        stats.spill_errors_encode_total = self.encode_errors.load(Relaxed);
-        stats.spill_errors_io_total = self.io_errors.load(Relaxed);
-        stats.spill_budget_refusals_total = self.budget_refusals.load(Relaxed);
-        stats.compacted_count_total = self.compacted.load(Relaxed);
-        stats.spill_seconds_total = self.spill_nanos.load(Relaxed) as f64 * 1e-9;
-        stats.unspill_seconds_total = self.unspill_nanos.load(Relaxed) as f64 * 1e-9;
-    }
 }
 
 /// Several lines, one per topic, each figure with its unit: bytes in binary
