@@ -1,10 +1,12 @@
 //! Any serde type, through the [`Serde`] wrapper (feature `serde`), in
 //! postcard's format. Chosen by measurement against bincode 2 and
-//! MessagePack (rmp-serde) on a task-record struct: the smallest encoding
-//! of the three, decoding as fast as bincode, a wire format with a
-//! written, versioned specification, and maintained; bincode encodes
-//! faster but is no longer maintained, MessagePack was the slowest and
-//! largest (figures in docs/value-types.md).
+//! MessagePack (rmp-serde) on a task record and on rows of small integers
+//! (`benches/serde-formats`): postcard's encoding was the smallest (17%
+//! below bincode's, 36% below MessagePack's on the rows), its speed
+//! bincode's on the record and 10-30% slower on the rows; MessagePack was
+//! the slowest to decode and the largest. postcard's wire format is
+//! specified, versioned and maintained; bincode's development ceased in
+//! December 2025 (RUSTSEC-2025-0141). Figures in docs/value-types.md.
 
 use super::Spill;
 use crate::error::BoxError;
