@@ -144,7 +144,6 @@ class Probe(WorkerPlugin):
             per = s["spilled_bytes_total"] / s["spill_count_total"] if s["spill_count_total"] else 0
             out["written_again"] = again * per
             out["demand_reads"] = data._demand_reads
-            print("PROBE", self.worker.address, {k: s[k] for k in ("memory_bytes", "memory_count", "spilling_bytes", "disk_count", "clean_evictions_total", "unspill_count_total", "spill_count_total")}, "target", data.target, "heaviest", data._heaviest, flush=True)
             out["hits"] = data._memory_reads
 
         else:
@@ -257,7 +256,11 @@ def print_table(rows: list[dict]) -> None:
 def report(rows: list[dict]) -> None:
     """Markdown: each round's figures for the targets, spillbuffer against
     stock, then the median over rounds."""
-    rounds = sorted({r["round"] for r in rows})
+    # Rounds with both mappings measured (an interrupted run may end with
+    # one side only).
+    rounds = sorted(
+        {r["round"] for r in rows if r["mapping"] == "stock"} & {r["round"] for r in rows if r["mapping"] == "spillbuffer"}
+    )
     lines = []
 
     def figures(kind, r):
@@ -345,6 +348,11 @@ def main() -> None:
             for row in got:
                 row["round"] = r
             rows += got
+            if args.json:
+                # Row by row, so that an interrupted run keeps what it measured.
+                with open(args.json, "a") as f:
+                    for row in got:
+                        f.write(json.dumps(row) + "\n")
             print_table(got)
             for row in got:
                 if "demand_reads_per_worker" in row:
@@ -352,10 +360,6 @@ def main() -> None:
                           f"{row['demand_reads_per_worker']} / {row['memory_hits_per_worker']}")
                 for stack, n in row.get("gap_stacks", {}).items():
                     print(f"  {row['phase']} gap samples {n:4}: {stack}")
-    if args.json:
-        with open(args.json, "a") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
     if not args.only:
         print()
         report(rows)
