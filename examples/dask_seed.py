@@ -26,9 +26,11 @@ import logging
 import os
 import platform
 import statistics
+import sys
 import threading
 import time
-from collections import defaultdict
+import traceback
+from collections import Counter, defaultdict
 
 import dask
 import dask.array as da
@@ -57,20 +59,29 @@ class Probe(WorkerPlugin):
 
     name = "seed-probe"
 
+    def __init__(self, gap_stacks: bool = False):
+        self.gap_stacks = gap_stacks
+
     def setup(self, worker):
         self.worker = worker
         self.proc = psutil.Process()
         self.reset()
         self.running = True
+        self.loop_thread = threading.get_ident()
+        self.last_tick = time.monotonic()
         self.task = asyncio.get_running_loop().create_task(self.tick())
         self.sampler = threading.Thread(target=self.sample, daemon=True)
         self.sampler.start()
+        if self.gap_stacks:
+            self.watchdog = threading.Thread(target=self.watch, daemon=True)
+            self.watchdog.start()
         self.writes = defaultdict(list)  # key -> bytes of each write
         self.patch_stock_writes()
 
     def reset(self):
         self.gaps = []
         self.rss = []
+        self.stacks = Counter()  # the loop thread's stack during gaps -> samples
 
     async def tick(self):
         last = time.monotonic()
@@ -79,7 +90,22 @@ class Probe(WorkerPlugin):
             now = time.monotonic()
             if now - last > GAP:
                 self.gaps.append(now - last)
-            last = now
+            last = self.last_tick = now
+
+    def watch(self):
+        """While the loop is late by more than half a gap, sample what its
+        thread runs every 10 ms (--gap-stacks). A thread waiting for the GIL
+        shows the line it waits on; this thread needs the GIL too, so a gap
+        in which nothing was sampled is one where some thread held it."""
+        while self.running:
+            time.sleep(0.01)
+            if time.monotonic() - self.last_tick < GAP / 2:
+                continue
+            frame = sys._current_frames().get(self.loop_thread)
+            if frame is None:
+                continue
+            lines = traceback.extract_stack(frame)[-8:]
+            self.stacks[" <- ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in reversed(lines))] += 1
 
     def sample(self):
         while self.running:
@@ -110,12 +136,16 @@ class Probe(WorkerPlugin):
             "rss": list(self.rss),
             "written": m.get(("disk-write", "bytes"), 0),
             "read": m.get(("disk-read", "bytes"), 0),
+            "stacks": dict(self.stacks.most_common(12)),
         }
         if isinstance(data, spillbuffer.SpillBuffer):
             s = data.stats()
             again = max(s["spill_count_total"] - s["serialized_count_total"], 0) + s["compacted_count_total"]
             per = s["spilled_bytes_total"] / s["spill_count_total"] if s["spill_count_total"] else 0
             out["written_again"] = again * per
+            out["demand_reads"] = data._demand_reads
+            out["hits"] = data._memory_reads
+
         else:
             out["written_again"] = sum(sum(w[1:]) for w in self.writes.values())
         self.reset()
@@ -129,7 +159,7 @@ def phase_of(dask_worker):
     return dask_worker.plugins[Probe.name].phase()
 
 
-def run(kind: str, options: dict) -> dict:
+def run(kind: str, options: dict, gap_stacks: bool = False) -> dict:
     """One cluster, both phases. Returns per-phase figures per worker."""
     data = spillbuffer.dask.data(**options) if kind == "spillbuffer" else None
     with LocalCluster(
@@ -141,7 +171,7 @@ def run(kind: str, options: dict) -> dict:
         dashboard_address=":0",
         silence_logs=logging.ERROR,
     ) as cluster, Client(cluster) as client:
-        client.register_plugin(Probe())
+        client.register_plugin(Probe(gap_stacks))
         if kind == "spillbuffer":
             client.register_plugin(spillbuffer.dask.PrefetchPlugin())
         # Warm up: imports and first-task costs are not what is measured.
@@ -180,6 +210,9 @@ def summarize(kind: str, phases: dict) -> list[dict]:
             read += w["read"] - prev_read[addr]
             again += w["written_again"] - prev_again[addr]
             prev_written[addr], prev_read[addr], prev_again[addr] = w["written"], w["read"], w["written_again"]
+        stacks = Counter()
+        for w in per_worker.values():
+            stacks.update(w.get("stacks", {}))
         rows.append(
             {
                 "mapping": kind,
@@ -193,6 +226,12 @@ def summarize(kind: str, phases: dict) -> list[dict]:
                 "written_mib": round(written / MIB),
                 "read_mib": round(read / MIB),
                 "written_again_mib": round(again / MIB),
+                **({"gap_stacks": dict(stacks.most_common(12))} if stacks else {}),
+                **(
+                    {"demand_reads_per_worker": [w["demand_reads"] for w in per_worker.values()],
+                     "memory_hits_per_worker": [w["hits"] for w in per_worker.values()]}
+                    if all("demand_reads" in w for w in per_worker.values()) else {}
+                ),
             }
         )
     return rows
@@ -217,7 +256,11 @@ def print_table(rows: list[dict]) -> None:
 def report(rows: list[dict]) -> None:
     """Markdown: each round's figures for the targets, spillbuffer against
     stock, then the median over rounds."""
-    rounds = sorted({r["round"] for r in rows})
+    # Rounds with both mappings measured (an interrupted run may end with
+    # one side only).
+    rounds = sorted(
+        {r["round"] for r in rows if r["mapping"] == "stock"} & {r["round"] for r in rows if r["mapping"] == "spillbuffer"}
+    )
     lines = []
 
     def figures(kind, r):
@@ -278,6 +321,8 @@ def main() -> None:
     ap.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                     help="a spillbuffer.dask.data() option, e.g. compression=lz4 (repeatable)")
     ap.add_argument("--report", metavar="FILE", help="print the Markdown summary of a --json file and exit")
+    ap.add_argument("--gap-stacks", action="store_true",
+                    help="sample the event loop thread's stack during gaps and print the commonest")
     args = ap.parse_args()
     if args.report:
         with open(args.report) as f:
@@ -299,15 +344,22 @@ def main() -> None:
         for kind in ("stock", "spillbuffer"):
             if args.only and kind != args.only:
                 continue
-            got = summarize(kind, run(kind, options))
+            got = summarize(kind, run(kind, options, args.gap_stacks))
             for row in got:
                 row["round"] = r
             rows += got
+            if args.json:
+                # Row by row, so that an interrupted run keeps what it measured.
+                with open(args.json, "a") as f:
+                    for row in got:
+                        f.write(json.dumps(row) + "\n")
             print_table(got)
-    if args.json:
-        with open(args.json, "a") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
+            for row in got:
+                if "demand_reads_per_worker" in row:
+                    print(f"  {row['phase']}: reads waited for / memory hits (cumulative, per worker): "
+                          f"{row['demand_reads_per_worker']} / {row['memory_hits_per_worker']}")
+                for stack, n in row.get("gap_stacks", {}).items():
+                    print(f"  {row['phase']} gap samples {n:4}: {stack}")
     if not args.only:
         print()
         report(rows)

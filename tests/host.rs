@@ -235,7 +235,7 @@ async fn insert_async_is_released_when_memory_cannot_fall() {
 }
 
 #[tokio::test(flavor = "current_thread")]
-async fn prefetch_reads_in_order_within_the_target_and_never_evicts() {
+async fn prefetch_reads_in_order_within_the_target_making_room_without_io() {
     let tmp = tempfile::tempdir().unwrap();
     // One IO thread: prefetch jobs then run strictly in the order given.
     let (b, _storage) = faulty(tmp.path(), 10_000, 1);
@@ -261,22 +261,126 @@ async fn prefetch_reads_in_order_within_the_target_and_never_evicts() {
         10_000,
         "unpinned at the target: {s:?}"
     );
+    // The keys of one call do not push each other out: the first six fill
+    // the room, the rest are skipped.
     assert_eq!(s.clean_evictions_total, 0, "nothing evicted: {s:?}");
     assert_eq!(s.spill_count_total, before.spill_count_total, "{s:?}");
-    // A full buffer takes no more hints.
-    b.prefetch([10u64, 11]);
-    b.flush().await.unwrap();
-    assert_eq!(b.stats().unspill_count_total, 6);
     b.validate().unwrap();
-    // Peek without disturbing: the first six hinted keys, in order, are in
-    // memory; the rest and the more recently used entries are as before.
     for k in hinted.iter().take(6).chain(&[20, 21, 22, 23, 24]) {
         assert!(b.try_pin(k).is_some(), "key {k} should be resident");
     }
-    for k in hinted.iter().skip(6).chain(&[10, 11]) {
+    for k in hinted.iter().skip(6) {
         assert!(b.try_pin(k).is_none(), "key {k} should not be resident");
     }
+    // A later hint makes room by dropping the least recently used clean
+    // values (the try_pins above used them in order: 3 and 1 are the
+    // oldest), never a dirty one (which would cost a write), never the
+    // pinned one, and stays within the target.
+    b.prefetch([10u64, 11]);
+    b.flush().await.unwrap();
+    let s = b.stats();
+    assert_eq!(s.unspill_count_total, 8, "{s:?}");
+    assert_eq!(s.clean_evictions_total, 2, "{s:?}");
+    assert_eq!(
+        s.spill_count_total, before.spill_count_total,
+        "no write: {s:?}"
+    );
+    assert_eq!(s.memory_bytes - 1000, 10_000, "{s:?}");
+    b.validate().unwrap();
+    for k in [10u64, 11, 7, 2, 9, 0, 20, 21, 22, 23, 24] {
+        assert!(b.try_pin(&k).is_some(), "key {k} should be resident");
+    }
+    for k in [3u64, 1] {
+        assert!(b.try_pin(&k).is_none(), "key {k} should have been dropped");
+    }
     drop(pin);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn prefetch_drops_nothing_when_only_dirty_values_could_make_room() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (b, _storage) = faulty(tmp.path(), 5000, 1);
+    for k in 0..10u64 {
+        b.insert(k, value(k, 1000)).unwrap();
+    }
+    b.flush().await.unwrap();
+    // 0..5 on disk; 5..10 resident, dirty, at the target.
+    let before = b.stats();
+    assert_eq!(before.memory_bytes, 5000);
+    b.prefetch([0u64, 1]);
+    b.flush().await.unwrap();
+    let s = b.stats();
+    assert_eq!(s.unspill_count_total, 0, "{s:?}");
+    assert_eq!(s.spill_count_total, before.spill_count_total, "{s:?}");
+    assert_eq!(s.memory_bytes, 5000, "{s:?}");
+    // One clean value cannot make room for a value twice its weight
+    // within the target: the prefetch is skipped, and what it dropped
+    // (only clean values) costs no write.
+    b.insert(20, value(20, 2000)).unwrap();
+    b.evict(1 << 30);
+    b.flush().await.unwrap();
+    for k in 5..9u64 {
+        b.insert(k, value(k, 1000)).unwrap();
+    }
+    drop(b.get(&0).unwrap());
+    b.flush().await.unwrap();
+    let before = b.stats();
+    assert_eq!(
+        before.memory_bytes, 5000,
+        "four dirty, one clean: {before:?}"
+    );
+    b.prefetch([20u64]);
+    b.flush().await.unwrap();
+    let s = b.stats();
+    assert_eq!(s.unspill_count_total, before.unspill_count_total, "{s:?}");
+    assert_eq!(s.spill_count_total, before.spill_count_total, "{s:?}");
+    assert!(s.memory_bytes <= 5000, "{s:?}");
+    b.validate().unwrap();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn prefetch_never_drops_what_was_used_after_it_was_asked_for() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (b, storage) = faulty(tmp.path(), 4000, 1);
+    for k in 0..6u64 {
+        b.insert(k, value(k, 1000)).unwrap();
+    }
+    b.evict(1 << 30);
+    b.flush().await.unwrap();
+    // Three clean values; room for one more.
+    for k in 0..3u64 {
+        drop(b.get(&k).unwrap());
+    }
+    // The one IO thread is held on the read of 3 while 4 is asked for;
+    // then the host uses 0, 1 and 2 again. When 4's turn comes, every
+    // clean value was used (or read back) after it was asked for: none is
+    // dropped for it, and it is skipped.
+    storage.faults().hold_reads(true);
+    b.prefetch([3u64]);
+    storage.faults().wait_until_held(1);
+    b.prefetch([4u64]);
+    for k in 0..3u64 {
+        drop(b.try_pin(&k).unwrap());
+    }
+    storage.faults().hold_reads(false);
+    b.flush().await.unwrap();
+    let s = b.stats();
+    assert_eq!(s.unspill_count_total, 4, "{s:?}");
+    assert_eq!(s.clean_evictions_total, 0, "{s:?}");
+    assert_eq!(s.memory_bytes, 4000, "{s:?}");
+    for k in 0..4u64 {
+        assert!(b.try_pin(&k).is_some(), "key {k} should be resident");
+    }
+    assert!(b.try_pin(&4).is_none());
+    // Asked again now, it may drop the least recently used clean value.
+    b.prefetch([4u64]);
+    b.flush().await.unwrap();
+    let s = b.stats();
+    assert_eq!(s.unspill_count_total, 5, "{s:?}");
+    assert_eq!(s.clean_evictions_total, 1, "{s:?}");
+    assert_eq!(s.memory_bytes, 4000, "{s:?}");
+    assert!(b.try_pin(&0).is_none(), "0 was the least recently used");
+    b.validate().unwrap();
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -298,6 +402,25 @@ async fn prefetch_never_exceeds_the_target_while_reading() {
     let s = b.stats();
     assert_eq!(s.memory_bytes, target as u64, "{s:?}");
     assert_eq!(s.unspill_count_total, 20, "{s:?}");
+    b.validate().unwrap();
+    // Memory full of those clean values: a second hint drops them to
+    // make room, two reads at a time racing, and still lands at the
+    // target exactly with nothing written.
+    storage.faults().hold_reads(true);
+    b.prefetch(50..100u64);
+    storage.faults().wait_until_held(2);
+    let s = b.stats();
+    assert!(s.memory_bytes <= target as u64, "{s:?}");
+    storage.faults().hold_reads(false);
+    b.flush().await.unwrap();
+    let s = b.stats();
+    assert_eq!(s.memory_bytes, target as u64, "{s:?}");
+    assert_eq!(s.unspill_count_total, 40, "{s:?}");
+    assert_eq!(s.clean_evictions_total, 20, "{s:?}");
+    assert_eq!(s.spill_count_total, 100, "{s:?}");
+    for k in 50..70u64 {
+        assert!(b.try_pin(&k).is_some(), "key {k} should be resident");
+    }
     b.validate().unwrap();
 }
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any, Callable, NamedTuple
 
 from . import _native
-from ._serialize import dumps, loads, on_spill_error
+from ._serialize import Dumps, loads, on_spill_error
 
 try:
     from distributed.metrics import context_meter
@@ -54,6 +54,25 @@ def _default_weight() -> Callable[[object], int]:
             return sys.getsizeof(value)
 
     return weight
+
+
+def _default_compression() -> str:
+    """What a Dask worker would compress its spilled data with: its
+    ``distributed.worker.memory.spill-compression`` setting, whose ``auto``
+    means lz4 if the ``lz4`` package is importable (else snappy if that
+    is, else none). The buffer's only compressor is lz4 (its own, in Rust,
+    needing no Python package): any compressor named means lz4, none means
+    none. Without distributed, lz4."""
+    try:
+        import dask.config
+        from distributed.protocol.compression import compressions
+    except ImportError:
+        return "lz4"
+    name = dask.config.get("distributed.worker.memory.spill-compression", "auto")
+    if name == "auto":
+        # What distributed resolved its own "auto" to on this host.
+        name = getattr(compressions.get("auto"), "name", None)
+    return "lz4" if name else "none"
 
 
 def _check_int(name: str, value: Any, minimum: int = 0) -> int:
@@ -125,7 +144,11 @@ class SpillBuffer(MutableMapping):
         Disk budget in bytes; ``False``/``None`` for none. Values refused by
         it stay in memory.
     compression
-        ``"lz4"`` (per record, skipped when it does not pay) or ``None``.
+        ``"lz4"`` (per record, skipped when it does not pay), ``None``, or
+        ``"auto"`` (the default): as a Dask worker would, following
+        distributed's ``distributed.worker.memory.spill-compression``
+        (whose own ``auto`` is lz4 only if the ``lz4`` package is
+        installed); lz4 when distributed is not installed.
     io_threads
         Threads of the IO pool.
     weight
@@ -153,7 +176,7 @@ class SpillBuffer(MutableMapping):
         target: int = 1 << 30,
         limit: int | None = None,
         max_spill: int | bool | None = False,
-        compression: str | None = "lz4",
+        compression: str | None = "auto",
         io_threads: int = 2,
         weight: Callable[[object], int] | None = None,
         write_headroom: bool = False,
@@ -169,10 +192,14 @@ class SpillBuffer(MutableMapping):
             max_spill = None
         else:
             max_spill = _check_int("max_spill", max_spill)
+        if compression == "auto":
+            compression = _default_compression()
         if compression in (None, False, "none"):
             compression = "none"
         elif compression != "lz4":
-            raise ValueError(f"compression must be 'lz4' or None, not {compression!r}")
+            raise ValueError(f"compression must be 'lz4', 'auto' or None, not {compression!r}")
+        #: The compression in use: ``"lz4"`` or ``None``.
+        self.compression = None if compression == "none" else compression
         io_threads = _check_int("io_threads", io_threads, 1)
         if weight is not None and not callable(weight):
             raise TypeError(f"weight must be callable, not {type(weight).__name__}")
@@ -187,12 +214,15 @@ class SpillBuffer(MutableMapping):
         self.target = target
         self.max_spill = False if max_spill is None else max_spill
         self._weight = weight if weight is not None else _default_weight()
-        self._core = _native.Core(directory, target, limit, max_spill, compression, io_threads, dumps)
+        self._dumps = Dumps()
+        self._core = _native.Core(directory, target, limit, max_spill, compression, io_threads, self._dumps)
         self._io_threads = io_threads
         self._write_headroom = bool(write_headroom)
         self._heaviest = 0
-        self._seen = dict.fromkeys(_COUNTERS, 0)
+        self._seen = dict.fromkeys(_COUNTERS, 0.0)
         self._memory_reads = 0
+        #: Reads of __getitem__ that waited for the disk (not prefetched in time).
+        self._demand_reads = 0
         self._memory_read_bytes = 0
         _live[id(self)] = self
 
@@ -216,6 +246,7 @@ class SpillBuffer(MutableMapping):
         except TypeError:
             raise KeyError(key) from None
         if waited:
+            self._demand_reads += 1
             self._digest_io()
             self._report_errors()
         else:
@@ -316,13 +347,11 @@ class SpillBuffer(MutableMapping):
         ``count``, ``bytes`` and ``seconds`` as distributed's Prometheus
         exporter expects. Disk reads include prefetches; seconds of disk IO
         are IO-pool time, not time the caller waited."""
-        s = self._core.stats()
         out = {
             ("memory-read", "count"): float(self._memory_reads),
             ("memory-read", "bytes"): float(self._memory_read_bytes),
         }
-        for (label, unit), field in _COUNTERS.items():
-            out[label, unit] = float(s[field])
+        out.update(self._io_totals())
         return out
 
     # ----- spillbuffer's own --------------------------------------------
@@ -333,6 +362,22 @@ class SpillBuffer(MutableMapping):
         keys = [k for k in keys if k in self]
         if keys:
             self._core.prefetch(keys)
+
+    def hold(self, keys):
+        """Read ``keys`` back if on disk (waiting with the GIL released) and
+        keep them in memory, never evicted, until ``release()`` is called
+        on the returned handle. Absent keys and failed reads are skipped
+        (the next read of the key reports the error)."""
+        keys = [k for k in keys if k in self]
+        return self._core.hold(keys)
+
+    def in_memory(self, key: object) -> bool:
+        """Is ``key``'s value in memory now (reading it would not wait for
+        the disk)? Counts as a use of it for eviction."""
+        try:
+            return self._core.in_memory(key)
+        except TypeError:
+            return False
 
     def consume(self, key: object) -> bool:
         """Done with ``key`` for now: if in memory, make it the first to be
@@ -373,19 +418,31 @@ class SpillBuffer(MutableMapping):
         the caller that inserts or reads next."""
         if context_meter is None:
             return
-        s = self._core.stats()
         seen = self._seen
-        for (label, unit), field in _COUNTERS.items():
-            delta = s[field] - seen[label, unit]
-            if delta:
-                seen[label, unit] = s[field]
-                context_meter.digest_metric(label, delta, unit)
+        for name, total in self._io_totals().items():
+            delta = total - seen[name]
+            if delta > 0:
+                seen[name] = total
+                context_meter.digest_metric(name[0], delta, name[1])
+
+    def _io_totals(self) -> dict[tuple[str, str], float]:
+        """(activity, unit) -> total of the IO pool's work so far. As in a
+        worker, whose ``serialize`` meter excludes the ``compress`` one
+        nested in it, the serializer's compression step is reported apart."""
+        s = self._core.stats()
+        out = {name: float(s[field]) for name, field in _COUNTERS.items()}
+        compress = self._dumps.compress_seconds
+        out["compress", "seconds"] = compress
+        out["serialize", "seconds"] = max(out["serialize", "seconds"] - compress, 0.0)
+        return out
 
 
 # (activity, unit) -> field of Core.stats(), in the order a spill and an
-# unspill produce them.
+# unspill produce them (``compress``, from the serializer, goes after
+# ``serialize``; see SpillBuffer._io_totals).
 _COUNTERS = {
     ("serialize", "seconds"): "serialize_seconds_total",
+    ("compress", "seconds"): "serialize_seconds_total",
     ("disk-write", "seconds"): "spill_seconds_total",
     ("disk-write", "count"): "spill_count_total",
     ("disk-write", "bytes"): "spilled_bytes_total",

@@ -4,9 +4,9 @@
 ``LocalCluster``, ``dask worker --data``...): a ``(callable, kwargs)`` pair,
 picklable for nanny processes, whose callable builds a ``SpillBuffer`` in
 the worker's local directory. ``PrefetchPlugin`` is a worker plugin that
-reads the inputs of tasks back while they wait to run, marks inputs that no
-queued task needs any more as first to evict, and shuts the IO pool down
-when the worker closes::
+reads the inputs of tasks back while they wait to run, and off the event
+loop before they run, marks inputs that no queued task needs any more as
+first to evict, and shuts the IO pool down when the worker closes::
 
     cluster = LocalCluster(data=spillbuffer.dask.data())
     client = Client(cluster)
@@ -15,9 +15,11 @@ when the worker closes::
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
@@ -37,10 +39,9 @@ def data(**options: Any) -> tuple:
     ``write_headroom``, ``evict_in_flight``); ``target`` and ``max_spill`` default to what the
     worker would give its own spill buffer (``memory_limit`` times
     ``distributed.worker.memory.target``, and
-    ``distributed.worker.memory.max-spill``). ``compression`` defaults to
-    ``None`` here, as a worker's own (lz4 only if the ``lz4`` package is
-    installed): arrays of floats rarely compress, and trying costs an
-    extra buffer of the record's size per IO thread."""
+    ``distributed.worker.memory.max-spill``); ``compression`` follows
+    ``distributed.worker.memory.spill-compression``, as ``SpillBuffer``'s
+    own default does."""
     unknown = set(options) - {
         "target", "limit", "max_spill", "compression", "io_threads", "write_headroom", "evict_in_flight"
     }
@@ -99,7 +100,6 @@ def worker_buffer(worker_local_directory: str, **options: Any) -> SpillBuffer:
             # No memory limit: spill only when told to (evict()).
             options["target"] = 1 << 62
             logger.info("worker has no memory limit: spillbuffer spills only on evict()")
-    options.setdefault("compression", None)
     options.setdefault("write_headroom", True)
     if "max_spill" not in options and manager is not None:
         options["max_spill"] = manager.max_spill
@@ -107,30 +107,73 @@ def worker_buffer(worker_local_directory: str, **options: Any) -> SpillBuffer:
 
 
 class PrefetchPlugin(WorkerPlugin):
-    """Reads the inputs of a task back on the IO pool as soon as the task
-    is ready to run, so that ``execute`` finds them in memory instead of
-    waiting for a disk read on the event loop; when a task finishes, marks
-    the inputs no other queued task of this worker needs as first to evict
-    (a value read back is then dropped at once, having a disk copy). Closes
-    the buffer (stopping its IO threads) on worker teardown.
+    """Keeps disk reads of task inputs off the worker's event loop.
+
+    - When a task becomes ready to run, and when the task before it starts,
+      asks the buffer to read the inputs of the next ``lookahead`` ready
+      tasks back on its IO pool (within the memory target).
+    - A worker's ``execute`` gathers a task's inputs with ``data[key]`` on
+      the event loop, which would wait there for a read not finished yet.
+      The plugin wraps the worker's ``execute``: inputs still on disk are
+      read first on a thread of the plugin's own (joining a prefetch in
+      flight) and pinned in memory while the loop goes on; then
+      ``execute`` runs and finds them there. (A read that fails is left
+      to ``execute``, which reports it as it would.)
+    - When a task finishes, marks each input that no other queued task of
+      this worker needs as first to evict (a value read back is then
+      dropped at once, having a disk copy).
+    - Closes the buffer (stopping its IO threads) on worker teardown.
 
     A no-op on a worker whose ``data`` is not a ``SpillBuffer``."""
 
     name = "spillbuffer-prefetch"
 
     def __init__(self, lookahead: int = 2) -> None:
-        #: Ready tasks whose inputs are asked for again when one finishes.
+        #: Ready tasks whose inputs are asked for when one starts or ends.
         self.lookahead = lookahead
         self.worker = None
         self.buffer: SpillBuffer | None = None
+        self._reader: ThreadPoolExecutor | None = None
+        self._execute = None
 
     def setup(self, worker) -> None:
         self.worker = worker
         buf = worker.data
-        if isinstance(buf, SpillBuffer):
-            self.buffer = buf
-        else:
+        if not isinstance(buf, SpillBuffer):
             logger.warning("worker %s: data is a %s, not a spillbuffer.SpillBuffer; prefetch is off", worker.address, type(buf).__name__)
+            return
+        self.buffer = buf
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="spillbuffer-inputs")
+        # The state machine looks `execute` up on the worker for each task.
+        self._execute = worker.execute
+        worker.execute = self._execute_with_inputs_in_memory
+
+    async def _execute_with_inputs_in_memory(self, key, *, stimulus_id: str):
+        held = None
+        try:
+            buf, ts = self.buffer, self.worker.state.tasks.get(key)
+            if buf is not None and ts is not None:
+                on_disk = [dep.key for dep in ts.dependencies if dep.key in buf and not buf.in_memory(dep.key)]
+                if on_disk:
+                    loop = asyncio.get_running_loop()
+                    held = await loop.run_in_executor(self._reader, buf.hold, on_disk)
+        except Exception:  # never fail a task here: execute reads what is missing itself
+            logger.debug("reading the inputs of %r ahead of execute failed", key, exc_info=True)
+        try:
+            return await self._execute(key, stimulus_id=stimulus_id)
+        finally:
+            if held is not None:
+                held.release()
+
+    def _prefetch_next(self) -> None:
+        inputs = [
+            dep.key
+            for nxt in self.worker.state.ready.peekn(self.lookahead)
+            for dep in nxt.dependencies
+            if dep.state == "memory"
+        ]
+        if inputs:
+            self.buffer.prefetch(inputs)
 
     def transition(self, key, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
         buf = self.buffer
@@ -143,24 +186,23 @@ class PrefetchPlugin(WorkerPlugin):
             inputs = [dep.key for dep in ts.dependencies if dep.state == "memory"]
             if inputs:
                 buf.prefetch(inputs)
+        elif finish == "executing":
+            # The next tasks' inputs are read while this one runs.
+            self._prefetch_next()
         elif start == "executing" and finish in _DONE:
             for dep in ts.dependencies:
                 if all(d.state in _DONE for d in dep.dependents):
                     buf.consume(dep.key)
-            # A prefetch never evicts, so those asked for when the tasks
-            # became ready found no room if memory was full; a consumed
-            # input read back has just made room: ask again for the next
-            # tasks' inputs, in the order the worker will run them.
-            inputs = [
-                dep.key
-                for nxt in self.worker.state.ready.peekn(self.lookahead)
-                for dep in nxt.dependencies
-                if dep.state == "memory"
-            ]
-            if inputs:
-                buf.prefetch(inputs)
+            # Consumed inputs read back have just made room: ask again for
+            # the next tasks' inputs, in the order the worker will run them.
+            self._prefetch_next()
 
     def teardown(self, worker) -> None:
+        if self._execute is not None and getattr(worker, "execute", None) == self._execute_with_inputs_in_memory:
+            worker.execute = self._execute
+        if self._reader is not None:
+            self._reader.shutdown(wait=False, cancel_futures=True)
+            self._reader = None
         if self.buffer is not None:
             self.buffer.close()
             self.buffer = None

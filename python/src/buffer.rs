@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 use pyo3::exceptions::{PyKeyError, PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
-use spillbuffer::{Compression, Error, Spill, SpillBuffer, Stats};
+use spillbuffer::{Compression, Error, Pinned, Spill, SpillBuffer, Stats};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -371,6 +371,40 @@ impl Core {
         Ok(())
     }
 
+    /// Read `keys` back if on disk (GIL released, joining reads in flight)
+    /// and pin them in memory until the returned [`Held`] is released: what
+    /// a task about to run needs, so that the event loop then finds its
+    /// inputs in memory. Keys absent, or whose read fails, are skipped
+    /// (whoever reads them next gets the error).
+    fn hold(&self, py: Python<'_>, keys: Vec<Bound<'_, PyAny>>) -> PyResult<Held> {
+        let buf = self.buffer()?;
+        let keys = keys
+            .iter()
+            .map(PyKey::from_py)
+            .collect::<PyResult<Vec<_>>>()?;
+        let pins: Vec<(PyKey, Pinned<PyValue>)> = py.allow_threads(|| {
+            keys.into_iter()
+                .filter_map(|k| match buf.get(&k) {
+                    Ok(Some(p)) => Some((k, p)),
+                    _ => None,
+                })
+                .collect()
+        });
+        for (k, p) in &pins {
+            self.mark_resident(k, p);
+        }
+        Ok(Held {
+            pins: Mutex::new(pins.into_iter().map(|(_, p)| p).collect()),
+        })
+    }
+
+    /// Is `key`'s value in memory now? (A memory hit, as a read's: it
+    /// counts as a use.)
+    fn in_memory(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let buf = self.buffer()?;
+        Ok(buf.try_pin(&PyKey::from_py(key)?).is_some())
+    }
+
     /// The host is done with `key` for now: if in memory, make it the first
     /// to be evicted (at no cost if it has a disk copy). Returns whether it
     /// was in memory.
@@ -452,6 +486,26 @@ impl Core {
 
     fn closed(&self) -> bool {
         self.buf.lock().is_none()
+    }
+}
+
+/// Values pinned in memory by [`Core::hold`] until released.
+#[pyclass(module = "spillbuffer._native", frozen)]
+pub struct Held {
+    pins: Mutex<Vec<Pinned<PyValue>>>,
+}
+
+#[pymethods]
+impl Held {
+    /// Unpin the values (idempotent; also done when this is collected).
+    fn release(&self, py: Python<'_>) {
+        let pins = std::mem::take(&mut *self.pins.lock());
+        // Unpinning may drop a value that takes the GIL in its drop.
+        py.allow_threads(move || drop(pins));
+    }
+
+    fn __len__(&self) -> usize {
+        self.pins.lock().len()
     }
 }
 

@@ -1,14 +1,16 @@
 //! The native half of the `spillbuffer` Python package: the Rust buffer
 //! keyed by Python keys ([`key`]) and holding Python objects ([`value`]),
 //! exposed as [`buffer::Core`]; [`record`] is what a value looks like on
-//! disk, and [`frames`] hands the bytes of values read back to Python
-//! without a copy. The `MutableMapping` users see is in
+//! disk, [`pages`] the memory large records are read back into, and
+//! [`frames`] hands the bytes of values read back to Python without a
+//! copy. The `MutableMapping` users see is in
 //! `spillbuffer/_mapping.py`.
 #![deny(missing_docs)]
 
 mod buffer;
 mod frames;
 mod key;
+mod pages;
 mod record;
 mod value;
 
@@ -18,6 +20,7 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<buffer::Core>()?;
+    m.add_class::<buffer::Held>()?;
     m.add_class::<frames::RecordView>()?;
     Ok(())
 }

@@ -13,6 +13,7 @@
 //! A record read back is held as [`RecordBytes`], which Python sees
 //! through the buffer protocol ([`crate::frames`]).
 
+use crate::pages::{Pages, MAPPED_MIN};
 use spillbuffer::BoxError;
 use std::sync::Arc;
 
@@ -40,12 +41,16 @@ pub struct Layout {
 /// Python views of them.
 pub type Record = Arc<RecordBytes>;
 
-/// A heap block of bytes that Python may write to through a frame view
-/// (see [`crate::frames::RecordView`]), hence held as a raw pointer rather
-/// than a `Box<[u8]>` that Rust would assume immutable behind an `Arc`.
+/// A block of bytes that Python may write to through a frame view (see
+/// [`crate::frames::RecordView`]), hence held as a raw pointer rather than
+/// a `Box<[u8]>` that Rust would assume immutable behind an `Arc`. Large
+/// blocks are mappings of their own ([`Pages`]), small ones heap blocks.
 pub struct RecordBytes {
     ptr: *mut u8,
     len: usize,
+    /// The mapping `ptr` points into, for a large block; `None` for a heap
+    /// block made by `Box::into_raw`.
+    pages: Option<Pages>,
 }
 
 // SAFETY: the block is owned by this struct alone and freed once, in Drop.
@@ -65,13 +70,35 @@ impl RecordBytes {
         RecordBytes {
             ptr: Box::into_raw(bytes) as *mut u8,
             len,
+            pages: None,
+        }
+    }
+
+    /// `len` zero bytes, for a read to fill: a mapping of their own (huge
+    /// pages where the kernel gives them) from [`MAPPED_MIN`] bytes on.
+    pub fn zeroed(len: usize) -> Self {
+        match (len >= MAPPED_MIN).then(|| Pages::zeroed(len)).flatten() {
+            Some(pages) => RecordBytes {
+                ptr: pages.as_ptr(),
+                len,
+                pages: Some(pages),
+            },
+            None => Self::new(vec![0u8; len].into_boxed_slice()),
         }
     }
 
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: `ptr` is the live allocation of `len` bytes made in `new`.
+        // SAFETY: `ptr` is the live block of `len` bytes made in `new` or
+        // `zeroed`.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// The bytes, to fill. Only before the record is shared.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`, and `&mut self` makes this the only
+        // reference.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 
     /// Start of the block, for the buffer protocol.
@@ -87,8 +114,11 @@ impl RecordBytes {
 
 impl Drop for RecordBytes {
     fn drop(&mut self) {
-        // SAFETY: made by `Box::into_raw` of a `len`-byte slice in `new`.
-        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.len)) });
+        if self.pages.is_none() {
+            // SAFETY: made by `Box::into_raw` of a `len`-byte slice in `new`.
+            drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.len)) });
+        }
+        // A mapping is unmapped by `Pages`' own drop.
     }
 }
 

@@ -282,10 +282,11 @@ impl Spill for PyValue {
         len: usize,
         fill: &mut dyn FnMut(&mut [u8]) -> Result<(), BoxError>,
     ) -> Option<Result<Self, BoxError>> {
-        // Zeroed: a large allocation comes from fresh zero pages that the
-        // read fills, with no memset pass.
-        let mut bytes = vec![0u8; len].into_boxed_slice();
-        Some(fill(&mut bytes).map(|()| Self::read_back(Arc::new(RecordBytes::new(bytes)))))
+        // Zeroed: a large block comes from fresh zero pages (huge ones
+        // where the kernel gives them) that the read fills, with no memset
+        // pass.
+        let mut rec = RecordBytes::zeroed(len);
+        Some(fill(rec.as_mut_slice()).map(|()| Self::read_back(Arc::new(rec))))
     }
 }
 

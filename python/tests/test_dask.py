@@ -4,6 +4,7 @@ a Worker and a LocalCluster with nannies."""
 import asyncio
 import os
 import pickle
+import threading
 
 import numpy as np
 import pytest
@@ -62,6 +63,18 @@ def test_plugin_prefetches_consumes_and_closes(tmp_path):
 
 
 async def plugin_prefetches_consumes_and_closes(tmp_path):
+    loop_thread = threading.get_ident()
+    waited_on = []  # (thread, key) of each read of the mapping that waited for the disk
+    getitem = spillbuffer.SpillBuffer.__getitem__
+
+    def spying_getitem(self, key):
+        before = self._demand_reads
+        try:
+            return getitem(self, key)
+        finally:
+            if self._demand_reads != before:
+                waited_on.append((threading.get_ident(), key))
+
     with dask.config.set({"temporary-directory": str(tmp_path)}):
         async with Scheduler(dashboard_address=":0") as s:
             w = await Worker(s.address, data=data(target=4 << 20), memory_limit="1 GiB", nthreads=1)
@@ -72,8 +85,18 @@ async def plugin_prefetches_consumes_and_closes(tmp_path):
                 await c.gather(chunks)
                 buf.flush()
                 assert len(buf.slow) >= 8
-                sums = [c.submit(np.sum, ch, key=f"sum-{i}") for i, ch in enumerate(chunks)]
-                assert await c.gather(sums) == [i * (1 << 17) for i in range(16)]
+                spillbuffer.SpillBuffer.__getitem__ = spying_getitem
+                try:
+                    sums = [c.submit(np.sum, ch, key=f"sum-{i}") for i, ch in enumerate(chunks)]
+                    assert await c.gather(sums) == [i * (1 << 17) for i in range(16)]
+                finally:
+                    spillbuffer.SpillBuffer.__getitem__ = getitem
+                # No task input was read on the event loop: those not
+                # prefetched in time were read on the plugin's thread
+                # before execute ran. (Results the client gathers are
+                # read by the worker's get_data, on the loop.)
+                on_loop = [k for t, k in waited_on if t == loop_thread and k.startswith("chunk")]
+                assert not on_loop, waited_on
                 s_ = buf.stats()
                 # Inputs were read back ahead of use (prefetched on the IO
                 # pool), and no chunk was written twice: 16 chunks of 1 MiB

@@ -156,6 +156,8 @@ def test_large_arrays_round_trip_zero_copy(make):
     # no copy was made after the read.
     assert not got.flags.owndata and got.flags.writeable and got.flags.aligned
     assert isinstance(root_base(got), _native.RecordView)
+    # Read into a mapping of its own, on a 2 MiB boundary (huge pages).
+    assert got.ctypes.data % (2 << 20) == 0
     # A second access hands out the same object.
     assert buf[0] is got
     # The memory stays valid after the buffer lets go of it.
@@ -332,6 +334,44 @@ def test_metrics_use_units_prometheus_accepts(make):
     assert m["disk-write", "count"] == 1 and m["disk-read", "count"] == 1
     assert m["memory-read", "count"] == 1
     assert m["disk-write", "bytes"] > 0 and m["disk-write", "seconds"] > 0
+
+
+def test_serializer_compression_step_is_reported_apart(make):
+    pytest.importorskip("distributed")
+    buf = make()
+    buf["a"] = np.zeros(100)
+    spill_everything(buf)
+    m = buf.cumulative_metrics
+    # As a worker's spill reports them: the serializer's compression step
+    # (metered by distributed itself, on the IO thread) apart from the
+    # rest of serialization, and both before the write.
+    names = [name for name in m if name[0] in ("serialize", "compress", "disk-write")]
+    assert names[:3] == [("serialize", "seconds"), ("compress", "seconds"), ("disk-write", "seconds")]
+    assert m["compress", "seconds"] > 0
+    assert m["serialize", "seconds"] >= 0
+
+
+@pytest.mark.parametrize(
+    "setting, expect",
+    [(False, None), (None, None), ("lz4", "lz4"), ("zlib", "lz4"), ("auto", "auto")],
+)
+def test_compression_follows_the_worker_setting(make, setting, expect):
+    dask = pytest.importorskip("dask")
+    pytest.importorskip("distributed")
+    if expect == "auto":
+        try:
+            import lz4  # noqa: F401
+
+            expect = "lz4"
+        except ImportError:
+            expect = None
+    if setting == "zlib":
+        pytest.importorskip("zlib")
+    with dask.config.set({"distributed.worker.memory.spill-compression": setting}):
+        assert make().compression == expect
+        # An explicit choice wins.
+        assert make(compression="lz4").compression == "lz4"
+        assert make(compression=None).compression is None
 
 
 @pytest.mark.parametrize(

@@ -92,6 +92,49 @@ impl<K: Key, V: Spill> Inner<K, V> {
         done
     }
 
+    /// Make room within the target for a prefetch of `w` bytes by dropping
+    /// clean unpinned values, which costs no IO: consumed ones first (tick
+    /// 0), then the least recently used, but only values last used at or
+    /// before tick `asked` (when the prefetch was asked for: values read
+    /// back or used since are as wanted as the one to read). Never queues
+    /// a write. Returns whether the room is there now, counted as
+    /// [`Gauges::admit`](super::memory::Gauges::admit) counts it; on
+    /// `false` nothing more is dropped than the clean values that qualified.
+    pub(crate) fn drop_clean_for(&self, w: usize, asked: u64) -> bool {
+        let target = self.target();
+        if w > target {
+            return false;
+        }
+        let mut moved = 0;
+        loop {
+            let held = self.g.resident.load(Relaxed).saturating_sub(self.pinned())
+                + self.g.reserved.load(Relaxed);
+            if held + w <= target {
+                return true;
+            }
+            let Some((tick, s)) = self.oldest_tail(ListKind::Clean) else {
+                return false;
+            };
+            if tick > asked {
+                return false;
+            }
+            match self.with_shard(s, |shard| shard.evict_tail(ListKind::Clean, Some(tick))) {
+                Some((_, after)) => {
+                    Metrics::add(&self.metrics.clean_evictions, 1);
+                    self.act(s, after);
+                }
+                // Another thread moved that tail meanwhile: look again, a
+                // few times.
+                None => {
+                    moved += 1;
+                    if moved > 8 {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+
     /// The oldest tail of `kind` over every shard: (tick, shard), from the
     /// ticks each shard publishes (no lock taken).
     fn oldest_tail(&self, kind: ListKind) -> Option<(u64, usize)> {

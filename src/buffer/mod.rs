@@ -307,13 +307,22 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
 
     /// Hint that `keys` will be needed soon, in this order. Those on disk
     /// are read back on the IO pool, in order, as long as they fit within
-    /// the memory target next to what is resident; a prefetch never evicts
-    /// anything. A `pin` of a key being prefetched joins its read. A key
-    /// whose value was [`Pinned::consume`]d since it was last pinned is not
-    /// read back (the host is done with it): pin it to get it again.
+    /// the memory target next to what is resident.
+    ///
+    /// To make room, a prefetch drops only values that cost no IO to drop:
+    /// unpinned clean values (whose disk copy is valid), consumed ones
+    /// first, then the least recently used, and only values last used
+    /// before this call (so the keys of one call, or of an earlier one
+    /// read back since, never push each other out). It never queues a
+    /// write and never passes the target: a key that does not fit even
+    /// then is skipped. A `pin` of a key being prefetched joins its read.
+    /// A key whose value was [`Pinned::consume`]d since it was last pinned
+    /// is not read back (the host is done with it): pin it to get it again.
     pub fn prefetch(&self, keys: impl IntoIterator<Item = K>) {
+        let inner = self.inner();
+        let asked = inner.newest_tick();
         for key in keys {
-            self.inner().queue_prefetch(key);
+            inner.queue_prefetch(key, asked);
         }
     }
 

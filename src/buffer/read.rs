@@ -2,7 +2,8 @@
 //! the one read of a value on disk; the read runs on the pool, or on the
 //! caller's thread for a blocking `get`, and its outcome is handed to
 //! every waiter. Prefetch reads a value back ahead of use when it fits
-//! within the target next to what is resident.
+//! within the target next to what is resident, dropping clean values to
+//! make room if that is enough.
 
 use super::inner::Inner;
 use super::pinned::{PinOwner, Pinned, Waiter};
@@ -15,6 +16,7 @@ use crate::metrics::Metrics;
 use crate::store::DiskLoc;
 use crate::value::Spill;
 use std::borrow::Borrow;
+use std::cell::Cell;
 use std::hash::Hash;
 use std::sync::Arc;
 use std::time::Instant;
@@ -109,17 +111,35 @@ impl<K: Key, V: Spill> Inner<K, V> {
     }
 
     /// Read `key` back ahead of use if it is on disk and fits within the
-    /// target next to what is already resident. Runs on the pool.
-    pub(crate) fn prefetch_one(&self, key: K) {
+    /// target next to what is already resident, after dropping clean
+    /// values last used at or before tick `asked` if that makes it fit
+    /// ([`Inner::drop_clean_for`]). Runs on the pool.
+    pub(crate) fn prefetch_one(&self, key: K, asked: u64) {
         let s = self.shard_of(&key);
-        let target = self.target();
-        let start = self.with_shard(s, |shard| {
-            // Promise the memory first, so concurrent prefetches cannot
-            // together pass the target.
-            shard.start_prefetch(&key, |w| self.g.admit(w, self.pinned(), target))
-        });
-        if let Some((version, loc)) = start {
-            self.unspill(key, version, loc);
+        // A second try only after room was made.
+        for _ in 0..2 {
+            let target = self.target();
+            let refused = Cell::new(None);
+            let start = self.with_shard(s, |shard| {
+                // Promise the memory first, so concurrent prefetches cannot
+                // together pass the target.
+                shard.start_prefetch(&key, |w| {
+                    let admitted = self.g.admit(w, self.pinned(), target);
+                    if !admitted {
+                        refused.set(Some(w));
+                    }
+                    admitted
+                })
+            });
+            if let Some((version, loc)) = start {
+                self.unspill(key, version, loc);
+                return;
+            }
+            // Not on disk, consumed, or gone: nothing to read.
+            let Some(w) = refused.get() else { return };
+            if !self.drop_clean_for(w, asked) {
+                return;
+            }
         }
     }
 
@@ -127,7 +147,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
         self.submit(Priority::Demand, move |me| me.unspill(key, version, loc));
     }
 
-    pub(crate) fn queue_prefetch(&self, key: K) {
-        self.submit(Priority::Background, move |me| me.prefetch_one(key));
+    pub(crate) fn queue_prefetch(&self, key: K, asked: u64) {
+        self.submit(Priority::Background, move |me| me.prefetch_one(key, asked));
     }
 }
