@@ -53,6 +53,7 @@ mod config;
 mod error;
 mod io;
 mod metrics;
+mod record;
 mod store;
 mod value;
 
@@ -60,6 +61,7 @@ pub use buffer::{Key, Pinned, SpillBuffer};
 pub use config::Builder;
 pub use error::{BoxError, Error, InsertError, Result, SharedError, SpillFailure};
 pub use metrics::Stats;
+pub use record::Record;
 pub use store::codec::Compression;
 pub use store::storage::{FsStorage, SegmentFile, Storage};
 pub use value::Spill;

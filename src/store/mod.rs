@@ -27,6 +27,7 @@ pub(crate) mod put;
 pub(crate) mod record;
 pub(crate) mod scratch;
 pub mod storage;
+pub(crate) mod transfer;
 
 use crate::error::{Error, Result};
 use codec::Compression;
