@@ -19,6 +19,7 @@
 //!     28    4 crc32 of header bytes 0..28 (u32 LE)
 //! ```
 
+use crate::store::spare;
 use std::fmt;
 use std::io::{self, Read, Write};
 
@@ -149,7 +150,7 @@ impl Record {
         let mut head = [0u8; FRAME];
         reader.read_exact(&mut head)?;
         let len = Record::expected_len(&head)?;
-        let mut bytes = vec![0u8; len];
+        let mut bytes = spare::take(len);
         bytes[..FRAME].copy_from_slice(&head);
         reader.read_exact(&mut bytes[FRAME..])?;
         Ok(Record::from_vec(bytes))
@@ -186,9 +187,9 @@ impl Record {
     }
 
     /// The bytes as one vector (a copy only when they were in two pieces).
-    pub fn into_vec(self) -> Vec<u8> {
-        match self.body {
-            Body::Bytes(v) if self.head_len == 0 => v,
+    pub fn into_vec(mut self) -> Vec<u8> {
+        match &mut self.body {
+            Body::Bytes(v) if self.head_len == 0 => std::mem::take(v),
             _ => {
                 let [a, b] = self.as_slices();
                 let mut out = Vec::with_capacity(a.len() + b.len());
@@ -196,6 +197,16 @@ impl Record {
                 out.extend_from_slice(b);
                 out
             }
+        }
+    }
+}
+
+impl Drop for Record {
+    /// A record's buffer is kept for the next record read or received
+    /// (`store::spare`), rather than freed.
+    fn drop(&mut self) {
+        if let Body::Bytes(v) = &mut self.body {
+            spare::give(std::mem::take(v));
         }
     }
 }

@@ -26,6 +26,7 @@ pub(crate) mod get;
 pub(crate) mod put;
 pub(crate) mod record;
 pub(crate) mod scratch;
+pub(crate) mod spare;
 pub mod storage;
 pub(crate) mod transfer;
 

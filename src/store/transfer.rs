@@ -8,6 +8,7 @@
 use super::codec::{self, Codec, Compression};
 use super::put::IN_PLACE_MIN;
 use super::record;
+use super::spare;
 use super::{DiskLoc, Store};
 use crate::error::{Error, Result};
 use crate::record::{parse_frame, split_head, Record};
@@ -91,7 +92,9 @@ impl<K: Clone + Debug> Store<K> {
     /// is checked here (a damaged disk is reported by the sender, naming
     /// the file); its payload checksum by whoever inserts it.
     pub(crate) fn read_record(&self, key: &K, loc: DiskLoc) -> Result<Vec<u8>> {
-        let mut buf = Vec::new();
+        // `read` fits it to the record's length: nothing to do when the
+        // spare buffer already has it.
+        let mut buf = spare::take(usize::try_from(loc.len()).unwrap_or(0));
         let path = self.read(key, loc, &mut buf)?;
         let corrupt = |detail: String| Error::Corrupt {
             key: format!("{key:?}"),
