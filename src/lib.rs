@@ -25,6 +25,10 @@
 //! - [`SpillBuffer::prefetch`] reads values back ahead of use;
 //!   [`SpillBuffer::remove`] frees memory and disk space;
 //!   [`SpillBuffer::stats`] returns [`Stats`], which prints with units.
+//! - [`SpillBuffer::record`] hands out a key's stored record as bytes (a
+//!   [`Record`]) and [`SpillBuffer::insert_record`] takes such bytes into
+//!   another buffer as they are: values move between buffers, or to a
+//!   peer over a socket, decoded on neither side.
 //!
 //! # Executors
 //!
