@@ -8,7 +8,7 @@
 //! cargo run --release --example transfer                 # the demo
 //! cargo run --release --example transfer -- --measure    # against a raw copy
 //!     [--values N] [--size BYTES] [--rounds R] [--window W] [--dir DIR]
-//!     [--data random|counter] [--compression lz4|none]
+//!     [--data random|counter] [--compression lz4|none] [--blocking]
 //! ```
 //!
 //! `--measure` times, in alternating rounds, the transfer of every value
@@ -16,7 +16,9 @@
 //! `read()` into one reused buffer and written to a socket, the receiver
 //! reading the socket into one reused buffer and writing a file. Both run
 //! over loopback in the same process and directory; it prints the medians,
-//! their ratio and one JSON line.
+//! their ratio and one JSON line. `--blocking` uses `record_blocking` and
+//! `insert_record_blocking` on the two socket threads, one record at a
+//! time, instead of the async calls with `--window` of them in flight.
 
 use spillbuffer::{Record, SpillBuffer};
 use std::collections::VecDeque;
@@ -40,6 +42,9 @@ struct Opts {
     dir: PathBuf,
     counter: bool,
     lz4: bool,
+    /// Use the blocking calls on the two socket threads instead of the
+    /// async ones with a window in flight.
+    blocking: bool,
 }
 
 fn opts() -> Opts {
@@ -52,12 +57,14 @@ fn opts() -> Opts {
         dir: std::env::temp_dir(),
         counter: false,
         lz4: true,
+        blocking: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().unwrap_or_else(|| panic!("{a} wants a value"));
         match a.as_str() {
             "--measure" => o.measure = true,
+            "--blocking" => o.blocking = true,
             "--values" => o.values = val().parse().expect("--values N"),
             "--size" => o.size = val().parse().expect("--size BYTES"),
             "--rounds" => o.rounds = val().parse().expect("--rounds R"),
@@ -103,12 +110,22 @@ fn build(o: &Opts, target: usize) -> Buf {
 
 /// Send every key's record, `window` of them read ahead on the sending
 /// buffer's IO pool while earlier ones go out. Returns the bytes sent.
-fn send(rt: &tokio::runtime::Runtime, a: &Buf, keys: u64, window: usize, sock: TcpStream) -> u64 {
+fn send(rt: &tokio::runtime::Runtime, a: &Buf, o: &Opts, sock: TcpStream) -> u64 {
+    let (keys, window, blocking) = (o.values, o.window, o.blocking);
     let mut sock = std::io::BufWriter::with_capacity(64 << 10, sock);
     let mut ahead = VecDeque::new();
     let mut sent = 0;
     let mut next = 0;
     while next < keys || !ahead.is_empty() {
+        if blocking {
+            let rec = a
+                .record_blocking(&next)
+                .expect("record")
+                .expect("key present");
+            sent += put(&mut sock, next, &rec);
+            next += 1;
+            continue;
+        }
         while next < keys && ahead.len() < window {
             let a = a.clone();
             let k = next;
@@ -121,20 +138,26 @@ fn send(rt: &tokio::runtime::Runtime, a: &Buf, keys: u64, window: usize, sock: T
             .expect("join")
             .expect("record")
             .expect("key present");
-        sock.write_all(&k.to_le_bytes()).expect("send key");
-        // The frame header and record header go through the small buffer;
-        // a large payload is written straight from the record.
-        rec.write_to(&mut sock).expect("send record");
-        sent += 8 + rec.len() as u64;
+        sent += put(&mut sock, k, &rec);
     }
     sock.write_all(&END.to_le_bytes()).expect("send end");
     sock.flush().expect("flush");
     sent
 }
 
+/// Send `k` and its record; returns the bytes sent.
+fn put(sock: &mut impl Write, k: u64, rec: &Record) -> u64 {
+    sock.write_all(&k.to_le_bytes()).expect("send key");
+    // The frame header and record header go through the small buffer; a
+    // large payload is written straight from the record.
+    rec.write_to(sock).expect("send record");
+    8 + rec.len() as u64
+}
+
 /// Receive records until the end key and insert each, `window` inserts in
 /// flight on the receiving buffer's IO pool while the next is read.
-fn receive(rt: &tokio::runtime::Runtime, b: &Buf, window: usize, sock: TcpStream) {
+fn receive(rt: &tokio::runtime::Runtime, b: &Buf, o: &Opts, sock: TcpStream) {
+    let (window, blocking) = (o.window, o.blocking);
     let mut sock = BufReader::with_capacity(64 << 10, sock);
     let mut inflight = VecDeque::new();
     loop {
@@ -145,6 +168,10 @@ fn receive(rt: &tokio::runtime::Runtime, b: &Buf, window: usize, sock: TcpStream
             break;
         }
         let rec = Record::read_from(&mut sock).expect("read record");
+        if blocking {
+            b.insert_record_blocking(key, rec).expect("insert_record");
+            continue;
+        }
         let b = b.clone();
         inflight.push_back(rt.spawn(async move { b.insert_record(key, rec).await }));
         if inflight.len() >= window {
@@ -166,10 +193,10 @@ fn transfer(rt: &tokio::runtime::Runtime, a: &Buf, b: &Buf, o: &Opts) -> (u64, f
     let bytes = std::thread::scope(|s| {
         let rx = s.spawn(|| {
             let (sock, _) = listener.accept().expect("accept");
-            receive(rt, b, o.window, sock);
+            receive(rt, b, o, sock);
         });
         let sock = TcpStream::connect(addr).expect("connect");
-        let bytes = send(rt, a, o.values, o.window, sock);
+        let bytes = send(rt, a, o, sock);
         rx.join().expect("receiver");
         bytes
     });
@@ -328,10 +355,11 @@ fn main() {
         o.rounds
     );
     println!(
-        "{{\"workload\":\"transfer\",\"values\":{},\"size\":{},\"window\":{},\"data\":\"{}\",\
+        "{{\"workload\":\"transfer\",\"blocking\":{},\"values\":{},\"size\":{},\"window\":{},\"data\":\"{}\",\
          \"rounds\":{},\"transfer_gbps\":{t:.3},\"raw_gbps\":{r:.3},\"ratio\":{q:.3},\
          \"bytes_transfer\":{bytes_ours},\"bytes_raw\":{bytes_raw},\"records_sent\":{},\
          \"sender_unspills\":{},\"loadavg\":\"{}\"}}",
+        o.blocking,
         o.values,
         o.size,
         o.window,
