@@ -31,11 +31,14 @@ pub enum Error {
         /// The underlying error.
         source: Arc<std::io::Error>,
     },
-    /// A record read back from disk failed its checksum or could not be decoded.
+    /// A record read back from disk failed its checksum or could not be
+    /// decoded, or a received transfer failed its checks.
     Corrupt {
         /// The key whose record is damaged (`Debug` form).
         key: String,
-        /// The segment file holding the record.
+        /// The segment file holding the record; `(received transfer)` for
+        /// a record refused by `SpillBuffer::insert_record` before it was
+        /// written.
         path: PathBuf,
         /// What was wrong with it.
         detail: String,

@@ -25,6 +25,10 @@
 //! - [`SpillBuffer::prefetch`] reads values back ahead of use;
 //!   [`SpillBuffer::remove`] frees memory and disk space;
 //!   [`SpillBuffer::stats`] returns [`Stats`], which prints with units.
+//! - [`SpillBuffer::record`] hands out a key's stored record as bytes (a
+//!   [`Record`]) and [`SpillBuffer::insert_record`] takes such bytes into
+//!   another buffer as they are: values move between buffers, or to a
+//!   peer over a socket, decoded on neither side.
 //!
 //! # Executors
 //!
@@ -53,6 +57,7 @@ mod config;
 mod error;
 mod io;
 mod metrics;
+mod record;
 mod store;
 mod value;
 
@@ -60,6 +65,7 @@ pub use buffer::{Key, Pinned, SpillBuffer};
 pub use config::Builder;
 pub use error::{BoxError, Error, InsertError, Result, SharedError, SpillFailure};
 pub use metrics::Stats;
+pub use record::Record;
 pub use store::codec::Compression;
 pub use store::storage::{FsStorage, SegmentFile, Storage};
 #[cfg(feature = "serde")]

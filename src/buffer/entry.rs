@@ -267,6 +267,37 @@ impl<K, V> Node<K, V> {
         (node, Delta { len: 1, ..delta })
     }
 
+    /// (absent) → on-disk: a record received from another buffer
+    /// (`insert_record`), already written as it came; nothing enters
+    /// memory. Readers that waited on the read of the value it replaces
+    /// (`waiters`) wait on this record instead: → unspilling, and the
+    /// caller starts its read.
+    pub(crate) fn received(
+        key: K,
+        loc: DiskLoc,
+        weight: usize,
+        version: u64,
+        waiters: Vec<Waiter<V>>,
+    ) -> (Self, Delta) {
+        let state = if waiters.is_empty() {
+            State::OnDisk { loc }
+        } else {
+            State::Unspilling {
+                loc,
+                waiters: Box::new(waiters),
+                prefetch: false,
+            }
+        };
+        let node = Node::with_state(key, state, weight, version);
+        (
+            node,
+            Delta {
+                len: 1,
+                ..Delta::ZERO
+            },
+        )
+    }
+
     pub(crate) fn with_state(key: K, state: State<V>, weight: usize, version: u64) -> Self {
         Node {
             key,

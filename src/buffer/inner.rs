@@ -75,7 +75,7 @@ pub(crate) struct Inner<K, V> {
     pub limit: AtomicUsize,
     pub limit_follows_target: bool,
     ticks: Ticks,
-    next_version: AtomicU64,
+    pub next_version: AtomicU64,
     pub g: Padded<Gauges>,
     pub store: Store<K>,
     pub pool: Pool,

@@ -10,6 +10,7 @@
 //!   back-pressure;
 //! - [`failure`]: spill failures by cause, the last one, and when
 //!   `insert_async` refuses a value;
+//! - [`transfer`]: records handed out and taken in without decoding;
 //! - [`pinned`]: the [`Pinned`] guard; [`tick`], [`way`], [`hash`]: LRU
 //!   clocks, per-thread ways, key hashing.
 
@@ -26,6 +27,7 @@ pub(crate) mod shard;
 #[cfg(test)]
 mod tests;
 pub(crate) mod tick;
+mod transfer;
 #[cfg(any(test, feature = "testing"))]
 mod validate;
 pub(crate) mod way;

@@ -373,6 +373,31 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         after
     }
 
+    /// Insert `key` as the on-disk entry of a received record at `loc`
+    /// (see [`Node::received`]), replacing any entry of the same key.
+    /// Returns what to do, and whether the caller must start a read of
+    /// `loc` (readers were waiting on the replaced value's).
+    pub(crate) fn insert_received(
+        &mut self,
+        key: K,
+        loc: DiskLoc,
+        weight: usize,
+        version: u64,
+    ) -> (After<K, V>, bool) {
+        let mut after = After::default();
+        let mut waiters = Vec::new();
+        if let Some(old) = self.find(&key).map(|i| self.take(i)) {
+            after.release = old.disk;
+            after.drop = old.drop;
+            waiters = old.waiters;
+        }
+        let read = !waiters.is_empty();
+        let (node, delta) = Node::received(key, loc, weight, version, waiters);
+        self.put(node);
+        self.add(delta);
+        (after, read)
+    }
+
     /// Remove `key`: its value to drop, its record to release, its readers
     /// told it is gone.
     /// With `version`, only if the entry still holds that version (not

@@ -33,6 +33,11 @@ pub(crate) struct Metrics {
     pub compacted: AtomicU64,
     pub spill_nanos: AtomicU64,
     pub unspill_nanos: AtomicU64,
+    pub records_sent: AtomicU64,
+    pub records_sent_encoded: AtomicU64,
+    pub records_sent_bytes: AtomicU64,
+    pub records_received: AtomicU64,
+    pub records_received_bytes: AtomicU64,
 }
 
 impl Metrics {
@@ -58,5 +63,10 @@ impl Metrics {
         stats.compacted_count_total = self.compacted.load(Relaxed);
         stats.spill_seconds_total = self.spill_nanos.load(Relaxed) as f64 * 1e-9;
         stats.unspill_seconds_total = self.unspill_nanos.load(Relaxed) as f64 * 1e-9;
+        stats.records_sent_total = self.records_sent.load(Relaxed);
+        stats.records_sent_encoded_total = self.records_sent_encoded.load(Relaxed);
+        stats.records_sent_bytes_total = self.records_sent_bytes.load(Relaxed);
+        stats.records_received_total = self.records_received.load(Relaxed);
+        stats.records_received_bytes_total = self.records_received_bytes.load(Relaxed);
     }
 }

@@ -210,6 +210,41 @@ pub(crate) const SERIES: &[Def] = &[
         Field::Int(|s| s.compacted_count_total),
     ),
     def(
+        "spillbuffer_records_sent_total",
+        Kind::Counter,
+        Unit::Count,
+        "Records handed out by `record` for a transfer, encoded or as stored.",
+        Field::Int(|s| s.records_sent_total),
+    ),
+    def(
+        "spillbuffer_records_sent_encoded_total",
+        Kind::Counter,
+        Unit::Count,
+        "Of the records sent, those encoded from memory (no disk copy existed).",
+        Field::Int(|s| s.records_sent_encoded_total),
+    ),
+    def(
+        "spillbuffer_records_sent_bytes_total",
+        Kind::Counter,
+        Unit::Bytes,
+        "Bytes of the records sent, frame headers included.",
+        Field::Int(|s| s.records_sent_bytes_total),
+    ),
+    def(
+        "spillbuffer_records_received_total",
+        Kind::Counter,
+        Unit::Count,
+        "Records inserted by `insert_record`, written as they came.",
+        Field::Int(|s| s.records_received_total),
+    ),
+    def(
+        "spillbuffer_records_received_bytes_total",
+        Kind::Counter,
+        Unit::Bytes,
+        "Bytes of the records received, frame headers included.",
+        Field::Int(|s| s.records_received_bytes_total),
+    ),
+    def(
         "spillbuffer_spill_seconds_total",
         Kind::SecondsTotal,
         Unit::Seconds,
@@ -346,6 +381,11 @@ mod tests {
             spill_seconds_total: 19.5,
             unspill_seconds_total: 20.5,
             io_busy_seconds_total: 21.5,
+            records_sent_total: 22,
+            records_sent_encoded_total: 23,
+            records_sent_bytes_total: 24,
+            records_received_total: 25,
+            records_received_bytes_total: 26,
         };
         let mut seen: Vec<f64> = SERIES
             .iter()
@@ -355,7 +395,7 @@ mod tests {
             })
             .collect();
         seen.sort_by(f64::total_cmp);
-        let mut want: Vec<f64> = (1..=18).map(f64::from).collect();
+        let mut want: Vec<f64> = (1..=18).chain(22..=26).map(f64::from).collect();
         want.extend([19.5, 20.5, 21.5]);
         assert_eq!(seen, want);
     }

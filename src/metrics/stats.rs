@@ -16,7 +16,9 @@ pub struct Stats {
     /// Of `memory_bytes`, values no key holds any more (removed, replaced,
     /// or dropped from memory) that are still alive: held by a [`Pinned`]
     /// guard, by a write queued or running, or by a job queued to free
-    /// them on the IO pool. They go when their last holder lets go.
+    /// them on the IO pool. They go when their last holder lets go. Also
+    /// counts the bytes of received records queued to be written
+    /// ([`crate::SpillBuffer::insert_record`]), one "value" each.
     ///
     /// [`Pinned`]: crate::Pinned
     pub detached_bytes: u64,
@@ -62,6 +64,20 @@ pub struct Stats {
     /// Seconds spent reading records back (IO pool or blocking `get`),
     /// summed over the threads doing it, like `spill_seconds_total`.
     pub unspill_seconds_total: f64,
+    /// Records handed out by [`crate::SpillBuffer::record`], over the
+    /// buffer's life. None of them was decoded: a spilled record is sent
+    /// as stored, a value in memory is encoded as a spill would encode it.
+    pub records_sent_total: u64,
+    /// Of `records_sent_total`, those encoded from a value in memory (the
+    /// rest were read from disk as stored).
+    pub records_sent_encoded_total: u64,
+    /// Bytes of the records sent, frame headers included.
+    pub records_sent_bytes_total: u64,
+    /// Records written by [`crate::SpillBuffer::insert_record`], as they
+    /// came, over the buffer's life.
+    pub records_received_total: u64,
+    /// Bytes of the records received, frame headers included.
+    pub records_received_bytes_total: u64,
     /// Wall-clock seconds during which at least one IO thread was running a
     /// job (any job: writes, reads, frees, compaction). At most the
     /// buffer's age; its ratio to elapsed time is how busy the pool was.
@@ -125,6 +141,17 @@ impl std::fmt::Display for Stats {
             "IO pool busy: {} of wall time",
             Seconds(self.io_busy_seconds_total),
         )?;
+        if self.records_sent_total + self.records_received_total > 0 {
+            writeln!(
+                f,
+                "transfers: sent {} in {} records ({} from memory), received {} in {}",
+                Bytes(self.records_sent_bytes_total),
+                Count(self.records_sent_total),
+                Count(self.records_sent_encoded_total),
+                Bytes(self.records_received_bytes_total),
+                Count(self.records_received_total),
+            )?;
+        }
         writeln!(
             f,
             "evicted without a write: {}; records moved by compaction: {}",
@@ -272,6 +299,11 @@ mod tests {
             spill_seconds_total: 1.5,
             unspill_seconds_total: 0.25,
             io_busy_seconds_total: 1.25,
+            records_sent_total: 40,
+            records_sent_encoded_total: 3,
+            records_sent_bytes_total: 160 << 20,
+            records_received_total: 5,
+            records_received_bytes_total: 20 << 20,
         };
         let want = "\
 in memory: 64.0 MiB in 64 values (2.0 MiB being written, 1.0 MiB detached)
@@ -280,6 +312,7 @@ on disk: 200.0 MiB in 256 records (after compression), files 256.0 MiB
 spilled: 300.0 MiB in 1,300 records, 1.50 s of thread time
 read back: 3.0 GiB in 12,345 records, 250.0 ms of thread time
 IO pool busy: 1.25 s of wall time
+transfers: sent 160.0 MiB in 40 records (3 from memory), received 20.0 MiB in 5
 evicted without a write: 160; records moved by compaction: 9
 failed spills: 7 (encode 1, I/O 4, max_spill 2)";
         assert_eq!(stats.to_string(), want);

@@ -26,7 +26,9 @@ pub(crate) mod get;
 pub(crate) mod put;
 pub(crate) mod record;
 pub(crate) mod scratch;
+pub(crate) mod spare;
 pub mod storage;
+pub(crate) mod transfer;
 
 use crate::error::{Error, Result};
 use codec::Compression;

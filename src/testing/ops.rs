@@ -164,6 +164,19 @@ pub enum Op {
         /// Punching a hole fails as unsupported.
         refuse_punch: bool,
     },
+    /// `record(from)` (or `record_blocking`), then
+    /// `insert_record(to, record)` (or its blocking form) into the same
+    /// buffer: `to` must then read back as `from`'s value. Not drawn by
+    /// [`ops_from_bytes`] (whose opcodes keep the committed corpora's
+    /// meaning); the property tests draw it.
+    Transfer {
+        /// Key sent, `0..KEYS`.
+        from: u8,
+        /// Key inserted, `0..KEYS` (may be `from`).
+        to: u8,
+        /// Use the blocking calls.
+        blocking: bool,
+    },
 }
 
 /// Largest disk [`Op::SetCapacity`] makes, in 4 KiB blocks.

@@ -158,6 +158,44 @@ impl Runner {
         }
     }
 
+    /// [`Op::Transfer`]: `from`'s record inserted as `to`'s. Reading the
+    /// record may fail only as a read may (a read fault armed) or, for a
+    /// value that cannot be encoded, with `Encode`; inserting it only with
+    /// a write failure where writes can fail, or with `Corrupt` under an
+    /// armed read fault (a bit flipped in the bytes read). On any failure
+    /// `to` keeps what it had.
+    fn transfer(&mut self, op: &Op, from: u8, to: u8, blocking: bool) {
+        let got = if blocking {
+            self.buf.record_blocking(&from)
+        } else {
+            block_on(self.buf.record(&from), HANG)
+        };
+        let want = self.model.get(&from).cloned();
+        let rec = match (got, want.clone()) {
+            (Ok(Some(rec)), Some(_)) => rec,
+            (Ok(None), None) => return,
+            (Ok(Some(_)), None) => self.fail(op, format!("key {from}: record of a removed key")),
+            (Ok(None), Some(_)) => self.fail(op, format!("key {from}: lost")),
+            (Err(Error::Encode { .. }), Some(w)) if w.fails_encode => return,
+            (Err(e), want) => return self.read_failed(op, from, e, want.is_some()),
+        };
+        let res = if blocking {
+            self.buf.insert_record_blocking(to, rec)
+        } else {
+            block_on(self.buf.insert_record(to, rec), HANG)
+        };
+        match res {
+            Ok(()) => {
+                let w = want.expect("matched above");
+                self.model.insert(to, w);
+            }
+            Err(Error::Corrupt { .. }) if self.read_faults => self.failed_reads += 1,
+            Err(Error::Io { .. } | Error::DiskFull { .. } | Error::DiskBudget { .. })
+                if self.faults.is_some() || self.cfg.small_disk => {}
+            Err(e) => self.fail(op, format!("insert_record({to}) failed: {e}")),
+        }
+    }
+
     fn hold(&mut self, key: u8, p: Pinned<Value>, want: Arc<Value>) {
         if self.pins.len() == MAX_PINS {
             self.pins.remove(0);
@@ -258,6 +296,7 @@ impl Runner {
                     );
                 }
             }
+            Op::Transfer { from, to, blocking } => self.transfer(op, from, to, blocking),
             Op::SetCapacity {
                 blocks,
                 refuse_punch,

@@ -1,0 +1,285 @@
+//! Transfers without decoding: a key's record handed out as bytes
+//! ([`SpillBuffer::record`]) and such bytes inserted as a key's record
+//! ([`SpillBuffer::insert_record`]). The store reads, encodes and writes
+//! the records (`store::transfer`); this module picks the source of a
+//! key's record, makes sure the bytes read were still that key's, and
+//! installs a received record as an on-disk entry.
+
+use super::entry::Delta;
+use super::inner::Inner;
+use super::pinned::Pinned;
+use super::read::Lookup;
+use super::{Key, SpillBuffer};
+use crate::error::{Error, Result};
+use crate::io::Priority;
+use crate::metrics::Metrics;
+use crate::record::{Encoding, Record};
+use crate::store::transfer::{open_received, transfer_path, Encoded};
+use crate::store::DiskLoc;
+use crate::value::Spill;
+use std::borrow::Borrow;
+use std::hash::Hash;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+impl<K: Key, V: Spill> SpillBuffer<K, V> {
+    /// `key`'s stored record as bytes, without decoding the value: to
+    /// write to a socket or a file and insert into another buffer with
+    /// [`SpillBuffer::insert_record`]. `None` if the key is absent.
+    ///
+    /// Never blocks the caller: the work runs on the IO pool. A value with
+    /// a record on disk (spilled, or resident with a valid disk copy) is
+    /// sent as stored — read, its header checked, not decompressed. A value
+    /// only in memory is encoded as a spill would encode it (compressed
+    /// under the same rule) but not written: the caller asked to send it,
+    /// not to spill it, and writing would cost disk IO and space for a
+    /// value that may be removed once sent. A large value whose memory is
+    /// its encoding ([`Spill::as_encoded`]) and that does not compress is
+    /// not even copied: the record holds it pinned, in memory and counted,
+    /// until the record is dropped.
+    ///
+    /// The bytes are those of the value the key held when the record was
+    /// taken; a key removed meanwhile gives `None`, a key replaced
+    /// meanwhile the new value's record. Counted in
+    /// [`Stats::records_sent_total`](crate::Stats::records_sent_total).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`] if the record cannot be read, [`Error::Corrupt`]
+    /// (naming the key and file) if its header is damaged, and
+    /// [`Error::Encode`] if a value in memory fails to encode.
+    pub async fn record<Q>(&self, key: &Q) -> Result<Option<Record>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let Some(key) = self.inner().key_of(key) else {
+            return Ok(None);
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.inner().submit(Priority::Demand, move |me| {
+            let _ = tx.send(me.record_of(&key));
+        });
+        rx.await.unwrap_or(Err(Error::Closed))
+    }
+
+    /// [`SpillBuffer::record`] for blocking callers: the record is read
+    /// (or the value encoded) on this thread.
+    pub fn record_blocking<Q>(&self, key: &Q) -> Result<Option<Record>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        match self.inner().key_of(key) {
+            Some(key) => self.inner().record_of(&key),
+            None => Ok(None),
+        }
+    }
+
+    /// Insert `record` (made by [`SpillBuffer::record`] of a buffer with
+    /// the same value type, possibly in another process) as `key`'s value,
+    /// without decoding it: the bytes are written to disk as they came, on
+    /// the IO pool, and the key goes straight to the on-disk state. The
+    /// value is decoded only when it is pinned or got. Replaces any old
+    /// value of the key in either tier, as [`SpillBuffer::insert`] does;
+    /// the replacement happens when the write is done (when this
+    /// resolves), and readers waiting on the old value's read get the new
+    /// one. Until then the record's bytes count in
+    /// [`Stats::memory_bytes`](crate::Stats::memory_bytes) (as detached).
+    ///
+    /// The memory target counts the value, once read back, at the weight
+    /// the sending buffer gave it. Dropping the future does not cancel the
+    /// insert.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`], naming the key, if the bytes are not a whole
+    /// record of this format version: a damaged, truncated or extended
+    /// transfer is refused here (headers, lengths, then the payload
+    /// checksum, before anything is written). [`Error::DiskBudget`],
+    /// [`Error::DiskFull`] or [`Error::Io`] if the write fails. On error
+    /// nothing is inserted and any old value of the key stays.
+    pub async fn insert_record(&self, key: K, record: Record) -> Result<()> {
+        let inner = &self.handle.inner;
+        if let Err(detail) = open_received(&record) {
+            return Err(corrupt(&key, detail));
+        }
+        let held = Held::new(Arc::clone(inner), record.len());
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        inner.submit(Priority::Spill, move |me| {
+            let res = me.receive(key, &record);
+            drop(record);
+            drop(held);
+            let _ = tx.send(res);
+        });
+        rx.await.unwrap_or(Err(Error::Closed))
+    }
+
+    /// [`SpillBuffer::insert_record`] for blocking callers: the record is
+    /// checked and written on this thread.
+    pub fn insert_record_blocking(&self, key: K, record: Record) -> Result<()> {
+        self.inner().receive(key, &record)
+    }
+}
+
+/// Where a key's record comes from.
+enum Source {
+    Missing,
+    /// Only in memory: encode it.
+    Memory,
+    /// Its record on disk, as the entry of `version` owns it.
+    Disk {
+        version: u64,
+        loc: DiskLoc,
+        weight: usize,
+    },
+}
+
+fn corrupt<K: Key>(key: &K, detail: String) -> Error {
+    Error::Corrupt {
+        key: format!("{key:?}"),
+        path: transfer_path(),
+        detail,
+    }
+}
+
+impl<K: Key, V: Spill> Inner<K, V> {
+    /// The entry's own copy of `key`, if present.
+    fn key_of<Q>(&self, key: &Q) -> Option<K>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.with_shard(self.shard_of(key), |shard| {
+            shard.find(key).map(|i| shard.node(i).key.clone())
+        })
+    }
+
+    fn source(&self, key: &K) -> Source {
+        self.with_shard(self.shard_of(key), |shard| {
+            let Some(i) = shard.find(key) else {
+                return Source::Missing;
+            };
+            let n = shard.node(i);
+            match n.state().disk() {
+                Some(loc) => Source::Disk {
+                    version: n.version,
+                    loc,
+                    weight: n.weight,
+                },
+                None => Source::Memory,
+            }
+        })
+    }
+
+    /// Does the entry of `key` at `version` still own the record at
+    /// `loc`? If it does, that record was never released while it was
+    /// being read, so no other write can have reused its bytes.
+    fn owns(&self, key: &K, version: u64, loc: DiskLoc) -> bool {
+        self.with_shard(self.shard_of(key), |shard| {
+            shard
+                .find_version(key, version)
+                .is_some_and(|i| shard.node(i).state().disk() == Some(loc))
+        })
+    }
+
+    /// `key`'s record: as stored if it has one, else encoded from memory.
+    /// A record read while its key was removed, replaced or moved by
+    /// compaction is not trusted (its bytes may belong to a later write):
+    /// the key is looked up again.
+    fn record_of(&self, key: &K) -> Result<Option<Record>> {
+        loop {
+            let rec = match self.source(key) {
+                Source::Missing => return Ok(None),
+                Source::Disk {
+                    version,
+                    loc,
+                    weight,
+                } => {
+                    let res = self.store.read_record(key, loc);
+                    if !self.owns(key, version, loc) {
+                        continue;
+                    }
+                    Record::framed(weight as u64, res?)
+                }
+                Source::Memory => {
+                    let Lookup::Hit(pin) = self.lookup(key, None, &[]) else {
+                        continue;
+                    };
+                    let weight = pin.weight() as u64;
+                    Metrics::add(&self.metrics.records_sent_encoded, 1);
+                    match self.store.encode_for_transfer(key, &*pin)? {
+                        Encoded::Record(bytes) => Record::framed(weight, bytes),
+                        Encoded::InPlace(head) => {
+                            Record::in_place(weight, &head, Box::new(PinnedEncoding(pin)))
+                        }
+                    }
+                }
+            };
+            Metrics::add(&self.metrics.records_sent, 1);
+            Metrics::add(&self.metrics.records_sent_bytes, rec.len() as u64);
+            return Ok(Some(rec));
+        }
+    }
+
+    /// Check `rec` whole and write it as `key`'s record, then make it the
+    /// key's entry (on disk), replacing any other.
+    fn receive(&self, key: K, rec: &Record) -> Result<()> {
+        let received = open_received(rec).map_err(|d| corrupt(&key, d))?;
+        received.check_payload().map_err(|d| corrupt(&key, d))?;
+        let loc = self.store.write_received(&key, &received)?;
+        let version = self.next_version.fetch_add(1, Relaxed);
+        let s = self.shard_of(&key);
+        let (after, read) = self.with_shard(s, |shard| {
+            shard.insert_received(key.clone(), loc, received.weight, version)
+        });
+        Metrics::add(&self.metrics.records_received, 1);
+        Metrics::add(&self.metrics.records_received_bytes, rec.len() as u64);
+        self.act(s, after);
+        if read {
+            self.start_read(key, version, loc);
+        }
+        // A replaced value in memory is gone.
+        self.wake_mem_waiters();
+        self.queue_compactions();
+        Ok(())
+    }
+}
+
+/// A pinned value whose memory is its encoding: the payload of a record
+/// sent without a copy.
+struct PinnedEncoding<V>(Pinned<V>);
+
+impl<V: Spill> Encoding for PinnedEncoding<V> {
+    fn bytes(&self) -> &[u8] {
+        // `as_encoded` gave these bytes when the record header was made;
+        // a type that changed its mind gives a record that fails its
+        // checksum, never a wrong value.
+        self.0.as_encoded().unwrap_or(&[])
+    }
+}
+
+/// The bytes of a received record while its write is queued or running:
+/// memory the buffer holds, counted as a detached value held by an IO job
+/// (the same gauges as a value queued to be freed) until this is dropped,
+/// whether the job ran or was dropped unrun at shutdown.
+struct Held<K: Key, V: Spill> {
+    inner: Arc<Inner<K, V>>,
+    bytes: usize,
+}
+
+impl<K: Key, V: Spill> Held<K, V> {
+    fn new(inner: Arc<Inner<K, V>>, bytes: usize) -> Self {
+        inner.g.apply_unsharded(Delta::freeing(bytes));
+        Held { inner, bytes }
+    }
+}
+
+impl<K: Key, V: Spill> Drop for Held<K, V> {
+    fn drop(&mut self) {
+        self.inner
+            .g
+            .apply_unsharded(Delta::freeing(self.bytes).negate());
+        self.inner.wake_mem_waiters();
+    }
+}

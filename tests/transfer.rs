@@ -1,0 +1,427 @@
+//! Transfers without decoding: `record` hands out a key's stored record as
+//! bytes, `insert_record` takes such bytes into another buffer as they
+//! are. Round trips from disk and from memory, damaged transfers,
+//! replacement, removal while a record is read, and the gauges.
+
+mod common;
+
+use common::{value, with_faults};
+use spillbuffer::{BoxError, Compression, Error, Record, Spill, SpillBuffer};
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
+type Buf = SpillBuffer<u64, Vec<u8>>;
+
+fn buffer(dir: &std::path::Path, compression: Compression) -> Buf {
+    SpillBuffer::builder(dir)
+        .memory_target(64 << 20)
+        .compression(compression)
+        .build()
+        .unwrap()
+}
+
+/// Compressible bytes: a counter.
+fn counter(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i / 64) as u8).collect()
+}
+
+/// Values of every shape the store treats apart: small and large,
+/// compressible and not.
+fn values() -> Vec<(u64, Vec<u8>)> {
+    vec![
+        (1, value(1, 100)),
+        (2, counter(1000)),
+        (3, value(3, 300 << 10)),
+        (4, counter(300 << 10)),
+        (5, Vec::new()),
+    ]
+}
+
+fn assert_corrupt(e: &Error, key: u64) {
+    match e {
+        Error::Corrupt { key: k, .. } => assert_eq!(k, &format!("{key:?}"), "{e}"),
+        other => panic!("expected Error::Corrupt, got {other}"),
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn spilled_records_move_without_being_read_back() {
+    for compression in [Compression::Lz4, Compression::None] {
+        let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (a, b) = (
+            buffer(ta.path(), compression),
+            buffer(tb.path(), Compression::Lz4),
+        );
+        for (k, v) in values() {
+            a.insert(k, v).unwrap();
+        }
+        a.evict(1 << 30);
+        a.flush().await.unwrap();
+        assert_eq!(a.stats().memory_bytes, 0);
+        let mut sent = 0;
+        for (k, _) in values() {
+            let rec = a.record(&k).await.unwrap().expect("present");
+            sent += rec.len() as u64;
+            b.insert_record(k, rec).await.unwrap();
+        }
+        let (sa, sb) = (a.stats(), b.stats());
+        assert_eq!(sa.records_sent_total, 5, "{sa:?}");
+        assert_eq!(sa.records_sent_encoded_total, 0, "{sa:?}");
+        assert_eq!(sa.records_sent_bytes_total, sent, "{sa:?}");
+        assert_eq!(
+            sa.unspill_count_total, 0,
+            "the sender read nothing back: {sa:?}"
+        );
+        // As stored: the receiver's disk holds exactly the sender's records.
+        assert_eq!(sb.disk_bytes, sa.disk_bytes, "{sb:?}");
+        assert_eq!(sb.disk_count, 5, "{sb:?}");
+        assert_eq!(sb.memory_bytes, 0, "nothing decoded on receipt: {sb:?}");
+        assert_eq!(sb.records_received_total, 5, "{sb:?}");
+        assert_eq!(sb.records_received_bytes_total, sent, "{sb:?}");
+        assert_eq!(b.len(), 5);
+        a.validate().unwrap();
+        b.validate().unwrap();
+        for (k, v) in values() {
+            assert_eq!(*b.pin(&k).await.unwrap().unwrap(), v, "key {k}");
+        }
+        // Values read back count at their weight.
+        let total: usize = values().iter().map(|(_, v)| v.len()).sum();
+        assert_eq!(b.stats().memory_bytes, total as u64);
+        b.validate().unwrap();
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn resident_values_are_encoded_but_not_written() {
+    let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (
+        buffer(ta.path(), Compression::Lz4),
+        buffer(tb.path(), Compression::None),
+    );
+    for (k, v) in values() {
+        a.insert(k, v).unwrap();
+    }
+    for (k, _) in values() {
+        let rec = a.record(&k).await.unwrap().expect("present");
+        b.insert_record(k, rec).await.unwrap();
+    }
+    a.flush().await.unwrap();
+    let sa = a.stats();
+    assert_eq!(sa.records_sent_encoded_total, 5, "{sa:?}");
+    assert_eq!(sa.spill_count_total, 0, "sending is not spilling: {sa:?}");
+    assert_eq!(sa.disk_count, 0, "{sa:?}");
+    // lz4 shrank the compressible ones on the way.
+    let raw: usize = values().iter().map(|(_, v)| v.len()).sum();
+    assert!(b.stats().disk_bytes < raw as u64, "{:?}", b.stats());
+    for (k, v) in values() {
+        assert_eq!(*b.get(&k).unwrap().unwrap(), v, "key {k}");
+    }
+    a.validate().unwrap();
+    b.validate().unwrap();
+}
+
+#[test]
+fn a_large_raw_value_is_sent_from_its_own_memory_and_stays_pinned() {
+    let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (
+        buffer(ta.path(), Compression::Lz4),
+        buffer(tb.path(), Compression::Lz4),
+    );
+    let v = value(9, 1 << 20); // incompressible: sent raw
+    a.insert(9, v.clone()).unwrap();
+    let rec = a.record_blocking(&9).unwrap().unwrap();
+    let [head, body] = rec.as_slices();
+    assert_eq!(head.len(), 64, "frame and record headers apart");
+    assert_eq!(body.as_ptr(), a.try_pin(&9).unwrap().as_ptr(), "no copy");
+    // Pinned while the record lives: eviction cannot take it.
+    assert_eq!(a.evict(1 << 30), 0);
+    a.flush_blocking().unwrap();
+    assert_eq!(a.stats().memory_bytes, 1 << 20);
+    a.validate().unwrap();
+    b.insert_record_blocking(9, rec).unwrap();
+    assert_eq!(a.evict(1 << 30), 1 << 20, "unpinned once the record went");
+    a.flush_blocking().unwrap();
+    assert_eq!(*b.get(&9).unwrap().unwrap(), v);
+    a.validate().unwrap();
+    b.validate().unwrap();
+}
+
+/// A value whose decodes are counted: the sending side must make none.
+struct Counted(Vec<u8>);
+static DECODES: AtomicUsize = AtomicUsize::new(0);
+
+impl Spill for Counted {
+    fn weight(&self) -> usize {
+        self.0.len()
+    }
+    fn encode(&self, out: &mut Vec<u8>) -> Result<(), BoxError> {
+        out.extend_from_slice(&self.0);
+        Ok(())
+    }
+    fn decode(bytes: &[u8]) -> Result<Self, BoxError> {
+        DECODES.fetch_add(1, SeqCst);
+        Ok(Counted(bytes.to_vec()))
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn neither_side_decodes_until_a_pin() {
+    let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a: SpillBuffer<u64, Counted> = SpillBuffer::builder(ta.path()).build().unwrap();
+    let b: SpillBuffer<u64, Counted> = SpillBuffer::builder(tb.path()).build().unwrap();
+    for k in 0..20u64 {
+        a.insert(k, Counted(value(k, 5000))).unwrap();
+    }
+    a.evict(1 << 30);
+    a.flush().await.unwrap();
+    for k in 0..20u64 {
+        let rec = a.record(&k).await.unwrap().unwrap();
+        b.insert_record(k, rec).await.unwrap();
+    }
+    b.flush().await.unwrap();
+    assert_eq!(DECODES.load(SeqCst), 0, "a transfer decoded a value");
+    assert_eq!(b.pin(&3).await.unwrap().unwrap().0, value(3, 5000));
+    assert_eq!(DECODES.load(SeqCst), 1);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn damaged_transfers_are_refused_naming_the_key() {
+    let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (
+        buffer(ta.path(), Compression::Lz4),
+        buffer(tb.path(), Compression::Lz4),
+    );
+    a.insert(1, counter(10_000)).unwrap();
+    a.insert(2, value(2, 10_000)).unwrap();
+    a.evict(1 << 30);
+    a.flush().await.unwrap();
+    for k in [1u64, 2] {
+        let good = a.record(&k).await.unwrap().unwrap().into_vec();
+        let mut bad: Vec<(String, Vec<u8>)> = Vec::new();
+        for cut in [0, 1, 31, 32, 63, 64, good.len() / 2, good.len() - 1] {
+            bad.push((format!("cut at {cut}"), good[..cut].to_vec()));
+        }
+        let mut longer = good.clone();
+        longer.push(0);
+        bad.push(("one byte more".into(), longer));
+        // A flipped bit in the frame header, the record header and the
+        // payload, each.
+        for at in [10, 40, good.len() - 10] {
+            let mut v = good.clone();
+            v[at] ^= 0x10;
+            bad.push((format!("bit flipped at {at}"), v));
+        }
+        let mut v = good.clone();
+        v[4] = 2;
+        bad.push(("version 2".into(), v));
+        let mut v = good.clone();
+        v[..4].copy_from_slice(b"HTTP");
+        bad.push(("not a transfer".into(), v));
+        for (what, bytes) in bad {
+            let e = b
+                .insert_record(7, Record::from_vec(bytes.clone()))
+                .await
+                .expect_err(&what);
+            assert_corrupt(&e, 7);
+            let e = b
+                .insert_record_blocking(7, Record::from_vec(bytes))
+                .expect_err(&what);
+            assert_corrupt(&e, 7);
+        }
+        let e = b
+            .insert_record(7, Record::from_vec(vec![0; 3]))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("frame header"), "{e}");
+        let mut v = good.clone();
+        v[4] = 2;
+        let e = b.insert_record(7, Record::from_vec(v)).await.unwrap_err();
+        assert!(e.to_string().contains("version 2"), "{e}");
+    }
+    assert!(!b.contains_key(&7));
+    let s = b.stats();
+    assert_eq!(
+        (s.disk_count, s.file_bytes, s.memory_bytes),
+        (0, 0, 0),
+        "{s:?}"
+    );
+    b.validate().unwrap();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_record_of_another_value_type_fails_at_decode_not_with_a_wrong_value() {
+    let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = buffer(ta.path(), Compression::Lz4);
+    let b: SpillBuffer<u64, String> = SpillBuffer::builder(tb.path()).build().unwrap();
+    a.insert(1, vec![0xff, 0xfe, 0x00]).unwrap();
+    let rec = a.record(&1).await.unwrap().unwrap();
+    // Checksums and lengths hold: accepted, and refused when decoded.
+    b.insert_record(1, rec).await.unwrap();
+    let e = b.pin(&1).await.unwrap_err();
+    assert_corrupt(&e, 1);
+    assert!(b.contains_key(&1), "a failed read keeps the key");
+    b.validate().unwrap();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn insert_record_replaces_a_key_in_either_tier() {
+    let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (
+        buffer(ta.path(), Compression::Lz4),
+        buffer(tb.path(), Compression::Lz4),
+    );
+    a.insert(1, value(11, 4000)).unwrap();
+    a.insert(2, value(12, 4000)).unwrap();
+    // Key 1 resident in the receiver, key 2 on its disk.
+    b.insert(1, value(1, 9000)).unwrap();
+    b.insert(2, value(2, 9000)).unwrap();
+    b.evict(9000);
+    b.flush().await.unwrap();
+    let on_disk = if b.try_pin(&1).is_none() { 1 } else { 2 };
+    assert_eq!(b.stats().disk_count, 1);
+    for k in [1u64, 2] {
+        b.insert_record(k, a.record(&k).await.unwrap().unwrap())
+            .await
+            .unwrap();
+    }
+    let s = b.stats();
+    assert_eq!(s.memory_bytes, 0, "the old values are gone: {s:?}");
+    assert_eq!(
+        s.disk_count, 2,
+        "the old record {on_disk} was released: {s:?}"
+    );
+    assert_eq!(b.len(), 2);
+    b.validate().unwrap();
+    assert_eq!(*b.pin(&1).await.unwrap().unwrap(), value(11, 4000));
+    assert_eq!(*b.pin(&2).await.unwrap().unwrap(), value(12, 4000));
+    // And a plain insert replaces a received record.
+    b.insert(1, value(21, 100)).unwrap();
+    assert_eq!(*b.pin(&1).await.unwrap().unwrap(), value(21, 100));
+    b.flush().await.unwrap();
+    b.validate().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_waiting_on_a_replaced_value_get_the_received_one() {
+    let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = buffer(ta.path(), Compression::Lz4);
+    let (b, faults) = with_faults(SpillBuffer::builder(tb.path()).io_threads(2));
+    a.insert(1, value(100, 5000)).unwrap();
+    let rec = a.record(&1).await.unwrap().unwrap();
+    b.insert(1, value(1, 5000)).unwrap();
+    b.evict(1 << 30);
+    b.flush().await.unwrap();
+    faults.hold_reads(true);
+    let b2 = b.clone();
+    let reader = tokio::spawn(async move { b2.pin(&1).await });
+    faults.wait_until_held(1);
+    b.insert_record(1, rec).await.unwrap();
+    faults.hold_reads(false);
+    let pinned = reader.await.unwrap().unwrap().unwrap();
+    assert_eq!(*pinned, value(100, 5000));
+    drop(pinned);
+    b.flush().await.unwrap();
+    b.validate().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_removed_while_its_record_is_read_is_absent() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, faults) = with_faults(SpillBuffer::builder(tmp.path()).io_threads(2));
+    a.insert(1, value(1, 5000)).unwrap();
+    a.insert(2, value(2, 5000)).unwrap();
+    a.evict(1 << 30);
+    a.flush().await.unwrap();
+    faults.hold_reads(true);
+    let (a1, a2) = (a.clone(), a.clone());
+    let removed = tokio::spawn(async move { a1.record(&1).await });
+    let replaced = tokio::spawn(async move { a2.record(&2).await });
+    faults.wait_until_held(2);
+    assert!(a.remove(&1));
+    a.insert(2, value(22, 700)).unwrap();
+    faults.hold_reads(false);
+    assert!(removed.await.unwrap().unwrap().is_none());
+    // The replaced key's record is the new value's.
+    let rec = replaced.await.unwrap().unwrap().unwrap();
+    let tb = tempfile::tempdir().unwrap();
+    let b = buffer(tb.path(), Compression::Lz4);
+    b.insert_record(2, rec).await.unwrap();
+    assert_eq!(*b.pin(&2).await.unwrap().unwrap(), value(22, 700));
+    a.flush().await.unwrap();
+    a.validate().unwrap();
+    b.validate().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_received_record_counts_in_memory_until_written() {
+    let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = buffer(ta.path(), Compression::None);
+    let (b, faults) = with_faults(SpillBuffer::builder(tb.path()).io_threads(2));
+    a.insert(1, value(1, 50_000)).unwrap();
+    let rec = a.record(&1).await.unwrap().unwrap();
+    let len = rec.len() as u64;
+    faults.hold_writes(true);
+    let b2 = b.clone();
+    let insert = tokio::spawn(async move { b2.insert_record(1, rec).await });
+    faults.wait_until_held(1);
+    let s = b.stats();
+    assert_eq!((s.memory_bytes, s.detached_bytes), (len, len), "{s:?}");
+    assert!(!b.contains_key(&1), "not in until written");
+    faults.hold_writes(false);
+    insert.await.unwrap().unwrap();
+    let s = b.stats();
+    assert_eq!((s.memory_bytes, s.detached_bytes), (0, 0), "{s:?}");
+    assert!(b.contains_key(&1));
+    b.validate().unwrap();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_failed_write_inserts_nothing_and_keeps_the_old_value() {
+    let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = buffer(ta.path(), Compression::None);
+    let (b, faults) = with_faults(SpillBuffer::builder(tb.path()));
+    a.insert(1, value(1, 5000)).unwrap();
+    b.insert(1, value(2, 10)).unwrap();
+    faults.fail_all_writes(spillbuffer::testing::WriteFault::Error);
+    let e = b
+        .insert_record(1, a.record(&1).await.unwrap().unwrap())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Io { .. }), "{e}");
+    assert_eq!(*b.pin(&1).await.unwrap().unwrap(), value(2, 10));
+    faults.clear();
+    b.flush().await.unwrap();
+    b.validate().unwrap();
+}
+
+#[test]
+fn records_stream_back_to_back() {
+    let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (
+        buffer(ta.path(), Compression::Lz4),
+        buffer(tb.path(), Compression::Lz4),
+    );
+    let mut wire = Vec::new();
+    for (k, v) in values() {
+        a.insert(k, v).unwrap();
+        if k % 2 == 0 {
+            a.evict(1 << 30);
+            a.flush_blocking().unwrap();
+        }
+        a.record_blocking(&k)
+            .unwrap()
+            .unwrap()
+            .write_to(&mut wire)
+            .unwrap();
+    }
+    let mut reader = wire.as_slice();
+    for (k, _) in values() {
+        let rec = Record::read_from(&mut reader).unwrap();
+        b.insert_record_blocking(k, rec).unwrap();
+    }
+    assert!(reader.is_empty());
+    for (k, v) in values() {
+        assert_eq!(*b.get(&k).unwrap().unwrap(), v);
+    }
+    assert!(a.record_blocking(&99).unwrap().is_none());
+    b.validate().unwrap();
+}
