@@ -6,15 +6,25 @@
 use super::codec::{self, Codec};
 use super::put::IN_PLACE_MIN;
 use super::record;
-use super::scratch::{fit, with_scratch};
+use super::scratch::{fit, with_scratch, Scratch};
 use super::storage::SegmentFile;
 use super::{segment_name, DiskLoc, Store};
 use crate::error::{BoxError, Error, Result};
 use crate::value::Spill;
+use std::cell::Cell;
 use std::fmt::Debug;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+thread_local! {
+    /// The last small record this thread read was lz4. Small records are
+    /// read straight into the value's memory only while they come raw: an
+    /// lz4 payload read that way must be copied out again, so a thread that
+    /// meets one reads the next through scratch, until one comes raw.
+    /// Values of one kind compress alike, so the guess is mostly right.
+    static LAST_SMALL_WAS_LZ4: Cell<bool> = const { Cell::new(false) };
+}
 
 /// Piece size of an in-place read: each piece is checksummed right after it
 /// lands, while it is still in the core's cache.
@@ -22,12 +32,22 @@ const READ_PIECE: usize = 256 << 10;
 
 /// The encoded value in the whole record `bytes`: checked, and decompressed
 /// into `out` when it is lz4. Never panics, whatever the bytes (the
-/// `record` fuzz target holds it to that). Its checks are [`check_split`],
-/// the ones a read of a small record makes on its header and payload.
+/// `record` fuzz target holds it to that). A read of a small record
+/// through scratch is this ([`decode_whole`]); one straight into the
+/// value's memory makes the same checks ([`check_split`]).
+#[cfg(any(test, feature = "testing"))]
 pub(crate) fn payload<'a>(
     bytes: &'a [u8],
     out: &'a mut Vec<u8>,
 ) -> std::result::Result<&'a [u8], String> {
+    decode_whole(bytes, out).map(|(_, p)| p)
+}
+
+/// [`payload`], and the record's codec.
+fn decode_whole<'a>(
+    bytes: &'a [u8],
+    out: &'a mut Vec<u8>,
+) -> std::result::Result<(Codec, &'a [u8]), String> {
     if bytes.len() < record::HEADER {
         return Err(format!(
             "record is {} bytes, shorter than its header",
@@ -36,10 +56,10 @@ pub(crate) fn payload<'a>(
     }
     let (head, body) = bytes.split_at(record::HEADER);
     match check_split(head, body)? {
-        (Codec::Raw, _) => Ok(body),
+        (Codec::Raw, _) => Ok((Codec::Raw, body)),
         (Codec::Lz4, raw_len) => {
             codec::decompress_into(body, raw_len, out)?;
-            Ok(out)
+            Ok((Codec::Lz4, out))
         }
     }
 }
@@ -139,8 +159,10 @@ impl<K: Clone + Debug> Store<K> {
     /// header lands in a stack array and the payload straight in the
     /// value, both from one `preadv()`; both are checked ([`check_split`])
     /// before the value is returned. A record that turns out to be lz4 is
-    /// then decompressed from a copy of its payload. Other types read the
-    /// whole record into scratch and decode from there.
+    /// then decompressed from a copy of its payload, and the thread reads
+    /// small records through scratch until one comes raw again
+    /// ([`LAST_SMALL_WAS_LZ4`]). Other types read the whole record into
+    /// scratch and decode from there.
     fn get_small<V: Spill>(&self, key: &K, loc: DiskLoc) -> Result<V> {
         let Some(file) = self.segment_file(loc.seg) else {
             return Err(Error::io(
@@ -158,6 +180,9 @@ impl<K: Clone + Debug> Store<K> {
             )));
         };
         with_scratch(|sc| {
+            if LAST_SMALL_WAS_LZ4.get() {
+                return self.get_small_via_scratch(key, loc, &*file, sc);
+            }
             let mut head = [0u8; record::HEADER];
             // The first failure inside `fill`, reported as is; or, for an
             // lz4 record (its payload then copied into `sc.a`), its length
@@ -181,6 +206,7 @@ impl<K: Clone + Debug> Store<K> {
                         fit(&mut sc.a, dst.len());
                         sc.a.copy_from_slice(dst);
                         lz4 = Some(raw_len);
+                        LAST_SMALL_WAS_LZ4.set(true);
                         Err("lz4 record".into())
                     }
                     Err(d) => {
@@ -203,12 +229,28 @@ impl<K: Clone + Debug> Store<K> {
                 }
                 None => {}
             }
-            fit(&mut sc.a, len);
-            file.read_exact_at(&mut sc.a, loc.offset)
-                .map_err(|e| read_failed(key, &self.segment_path(loc.seg), loc.offset, len, e))?;
-            let bytes = payload(&sc.a, &mut sc.b).map_err(corrupt)?;
-            decode(bytes).map_err(corrupt)
+            self.get_small_via_scratch(key, loc, &*file, sc)
         })
+    }
+
+    /// Read a small record whole into scratch with one `pread()`, check
+    /// it and decode it from there: for types without an in-place decode,
+    /// and for lz4 records (whose payload is not the value's bytes).
+    fn get_small_via_scratch<V: Spill>(
+        &self,
+        key: &K,
+        loc: DiskLoc,
+        file: &dyn SegmentFile,
+        sc: &mut Scratch,
+    ) -> Result<V> {
+        let corrupt = |detail: String| corrupt(key, &self.segment_path(loc.seg), detail);
+        let len = loc.len() as usize;
+        fit(&mut sc.a, len);
+        file.read_exact_at(&mut sc.a, loc.offset)
+            .map_err(|e| read_failed(key, &self.segment_path(loc.seg), loc.offset, len, e))?;
+        let (codec, bytes) = decode_whole(&sc.a, &mut sc.b).map_err(corrupt)?;
+        LAST_SMALL_WAS_LZ4.set(codec == Codec::Lz4);
+        decode(bytes).map_err(corrupt)
     }
 
     /// Read the record at `loc` and check it, for a copy (compaction): a
@@ -443,6 +485,33 @@ mod tests {
                 assert_eq!(s.get::<String>(&9, loc).unwrap(), "\0".repeat(4096));
             }
         }
+    }
+
+    #[test]
+    fn raw_and_lz4_records_read_back_in_any_order_on_one_thread() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = store(tmp.path(), Compression::Lz4);
+        let raw = noise(7, 3000);
+        let zeros = vec![0u8; 3000];
+        let a = s.put(&1, &raw).unwrap();
+        let b = s.put(&2, &zeros).unwrap();
+        assert!(b.len() < a.len(), "zeros compress, noise does not");
+        // Each switch of codec crosses from one way of reading to the other.
+        for (k, loc, want) in [
+            (1, a, &raw),
+            (2, b, &zeros),
+            (2, b, &zeros),
+            (1, a, &raw),
+            (1, a, &raw),
+            (2, b, &zeros),
+        ] {
+            assert_eq!(&s.get::<Vec<u8>>(&k, loc).unwrap(), want);
+        }
+        // A damaged raw record is caught on the scratch way too.
+        s.get::<Vec<u8>>(&2, b).unwrap();
+        let path = s.segment_path(a.seg);
+        patch(&path, a.offset + 40, &[raw[8] ^ 1]);
+        assert_corrupt(s.get::<Vec<u8>>(&1, a), 1, &path, "payload checksum");
     }
 
     #[test]
