@@ -17,6 +17,7 @@
 pub(crate) mod entry;
 pub(crate) mod evict;
 pub(crate) mod failure;
+pub(crate) mod handoff;
 pub(crate) mod hash;
 pub(crate) mod inner;
 pub(crate) mod lru;
@@ -262,14 +263,14 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
             Lookup::Missing => return Ok(None),
             _ => {}
         }
-        let (tx, rx) = crossbeam_channel::bounded(1);
+        let (tx, rx) = handoff::channel();
         match self.lookup(key, Some(Waiter::Blocking(tx))) {
             Lookup::Hit(p) => return Ok(Some(p)),
             Lookup::Missing | Lookup::NotResident => return Ok(None),
             Lookup::Joined => {}
             Lookup::Read { key, version, loc } => self.inner().unspill(key, version, loc),
         }
-        rx.recv().unwrap_or_else(|_| inner::closed())
+        rx.recv().unwrap_or_else(inner::closed)
     }
 
     /// Pin `key`'s value. Never blocks the caller: a value on disk is read

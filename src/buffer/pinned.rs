@@ -35,7 +35,7 @@ pub(crate) enum Waiter<V> {
     /// `pin().await`.
     Async(tokio::sync::oneshot::Sender<PinResult<V>>),
     /// A blocking `get` on another thread.
-    Blocking(crossbeam_channel::Sender<PinResult<V>>),
+    Blocking(super::handoff::Sender<PinResult<V>>),
 }
 
 impl<V> Waiter<V> {
@@ -44,7 +44,7 @@ impl<V> Waiter<V> {
     pub(crate) fn send(self, result: PinResult<V>) {
         match self {
             Waiter::Async(tx) => drop(tx.send(result)),
-            Waiter::Blocking(tx) => drop(tx.send(result)),
+            Waiter::Blocking(tx) => tx.send(result),
         }
     }
 }

@@ -6,35 +6,84 @@
 use super::codec::{self, Codec};
 use super::put::IN_PLACE_MIN;
 use super::record;
-use super::scratch::{fit, with_scratch};
-use super::{DiskLoc, Store};
+use super::scratch::{fit, with_scratch, Scratch};
+use super::storage::SegmentFile;
+use super::{segment_name, DiskLoc, Store};
 use crate::error::{BoxError, Error, Result};
 use crate::value::Spill;
+use std::cell::Cell;
 use std::fmt::Debug;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+thread_local! {
+    /// The last small record this thread read was lz4. Small records are
+    /// read straight into the value's memory only while they come raw: an
+    /// lz4 payload read that way must be copied out again, so a thread that
+    /// meets one reads the next through scratch, until one comes raw.
+    /// Values of one kind compress alike, so the guess is mostly right.
+    static LAST_SMALL_WAS_LZ4: Cell<bool> = const { Cell::new(false) };
+}
 
 /// Piece size of an in-place read: each piece is checksummed right after it
 /// lands, while it is still in the core's cache.
 const READ_PIECE: usize = 256 << 10;
 
 /// The encoded value in the whole record `bytes`: checked, and decompressed
-/// into `out` when it is lz4. What a read of a small record does; never
-/// panics, whatever the bytes (the `record` fuzz target holds it to that).
+/// into `out` when it is lz4. Never panics, whatever the bytes (the
+/// `record` fuzz target holds it to that). A read of a small record
+/// through scratch is this ([`decode_whole`]); one straight into the
+/// value's memory makes the same checks ([`check_split`]).
+#[cfg(any(test, feature = "testing"))]
 pub(crate) fn payload<'a>(
     bytes: &'a [u8],
     out: &'a mut Vec<u8>,
 ) -> std::result::Result<&'a [u8], String> {
-    let rec = record::open(bytes)?;
-    match rec.codec {
-        Codec::Raw => Ok(rec.payload),
-        Codec::Lz4 => {
-            let raw_len = usize::try_from(rec.raw_len)
-                .map_err(|_| "record too large for this machine".to_string())?;
-            codec::decompress_into(rec.payload, raw_len, out)?;
-            Ok(out)
+    decode_whole(bytes, out).map(|(_, p)| p)
+}
+
+/// [`payload`], and the record's codec.
+fn decode_whole<'a>(
+    bytes: &'a [u8],
+    out: &'a mut Vec<u8>,
+) -> std::result::Result<(Codec, &'a [u8]), String> {
+    if bytes.len() < record::HEADER {
+        return Err(format!(
+            "record is {} bytes, shorter than its header",
+            bytes.len()
+        ));
+    }
+    let (head, body) = bytes.split_at(record::HEADER);
+    match check_split(head, body)? {
+        (Codec::Raw, _) => Ok((Codec::Raw, body)),
+        (Codec::Lz4, raw_len) => {
+            codec::decompress_into(body, raw_len, out)?;
+            Ok((Codec::Lz4, out))
         }
     }
+}
+
+/// Check a record read as two pieces, its header `head` and the payload
+/// `body` that followed it on disk: the header (magic, its checksum,
+/// codec, lengths), the payload's length against the header, and the
+/// payload's checksum. Returns the codec and the length the payload
+/// decodes to. Every read of a small record makes these checks, whether
+/// the payload landed in a scratch buffer or in the value's own memory.
+pub(crate) fn check_split(head: &[u8], body: &[u8]) -> std::result::Result<(Codec, usize), String> {
+    let (codec, stored, raw_len) = record::parse_header(head)?;
+    if body.len() as u64 != stored {
+        return Err(format!(
+            "payload is {} bytes, header says {stored}",
+            body.len()
+        ));
+    }
+    if crc32fast::hash(body) != record::payload_crc(head) {
+        return Err("payload checksum mismatch".into());
+    }
+    let raw_len =
+        usize::try_from(raw_len).map_err(|_| "record too large for this machine".to_string())?;
+    Ok((codec, raw_len))
 }
 
 fn corrupt<K: Debug>(key: &K, path: &Path, detail: String) -> Error {
@@ -83,11 +132,125 @@ impl<K: Clone + Debug> Store<K> {
         if loc.len() >= IN_PLACE_MIN as u64 {
             return self.get_in_place(key, loc);
         }
+        self.get_small(key, loc)
+    }
+
+    /// The open file of segment `seg`, without its path: a read that
+    /// succeeds never needs the path, so it is looked up only for an error
+    /// ([`Store::segment_path`]).
+    fn segment_file(&self, seg: u32) -> Option<Arc<dyn SegmentFile>> {
+        self.inner
+            .lock()
+            .segs
+            .get(&seg)
+            .map(|s| Arc::clone(&s.file))
+    }
+
+    /// The path of segment `seg`'s file, for an error message.
+    fn segment_path(&self, seg: u32) -> PathBuf {
+        match self.inner.lock().segs.get(&seg) {
+            Some(s) => s.path.clone(),
+            None => self.dirs[0].join(segment_name(seg)),
+        }
+    }
+
+    /// Read a small record back with one system call. For a type that can
+    /// be rebuilt in its own memory ([`Spill::decode_in_place`]), the
+    /// header lands in a stack array and the payload straight in the
+    /// value, both from one `preadv()`; both are checked ([`check_split`])
+    /// before the value is returned. A record that turns out to be lz4 is
+    /// then decompressed from a copy of its payload, and the thread reads
+    /// small records through scratch until one comes raw again
+    /// ([`LAST_SMALL_WAS_LZ4`]). Other types read the whole record into
+    /// scratch and decode from there.
+    fn get_small<V: Spill>(&self, key: &K, loc: DiskLoc) -> Result<V> {
+        let Some(file) = self.segment_file(loc.seg) else {
+            return Err(Error::io(
+                "read record",
+                self.segment_path(loc.seg),
+                std::io::Error::new(std::io::ErrorKind::NotFound, "segment released"),
+            ));
+        };
+        let corrupt = |detail: String| corrupt(key, &self.segment_path(loc.seg), detail);
+        // Smaller than IN_PLACE_MIN, so it fits in a usize.
+        let len = loc.len() as usize;
+        let Some(stored) = len.checked_sub(record::HEADER) else {
+            return Err(corrupt(format!(
+                "the index gives the record {len} bytes, shorter than its header"
+            )));
+        };
         with_scratch(|sc| {
-            let path = self.read(key, loc, &mut sc.a)?;
-            let bytes = payload(&sc.a, &mut sc.b).map_err(|d| corrupt(key, &path, d))?;
-            decode(bytes).map_err(|d| corrupt(key, &path, d))
+            if LAST_SMALL_WAS_LZ4.get() {
+                return self.get_small_via_scratch(key, loc, &*file, sc);
+            }
+            let mut head = [0u8; record::HEADER];
+            // The first failure inside `fill`, reported as is; or, for an
+            // lz4 record (its payload then copied into `sc.a`), its length
+            // once decompressed.
+            let mut failed: Option<Error> = None;
+            let mut lz4: Option<usize> = None;
+            let mut fill = |dst: &mut [u8]| -> std::result::Result<(), BoxError> {
+                if let Err(e) = file.read_split_at(&mut head, dst, loc.offset) {
+                    failed = Some(read_failed(
+                        key,
+                        &self.segment_path(loc.seg),
+                        loc.offset,
+                        len,
+                        e,
+                    ));
+                    return Err("read failed".into());
+                }
+                match check_split(&head, dst) {
+                    Ok((Codec::Raw, _)) => Ok(()),
+                    Ok((Codec::Lz4, raw_len)) => {
+                        fit(&mut sc.a, dst.len());
+                        sc.a.copy_from_slice(dst);
+                        lz4 = Some(raw_len);
+                        LAST_SMALL_WAS_LZ4.set(true);
+                        Err("lz4 record".into())
+                    }
+                    Err(d) => {
+                        failed = Some(corrupt(d));
+                        Err("bad record".into())
+                    }
+                }
+            };
+            match decode_in_place::<V>(stored, &mut fill) {
+                Some(Ok(v)) => return Ok(v),
+                Some(Err(e)) => {
+                    if let Some(f) = failed.take() {
+                        return Err(f);
+                    }
+                    let Some(raw_len) = lz4 else {
+                        return Err(corrupt(e));
+                    };
+                    codec::decompress_into(&sc.a, raw_len, &mut sc.b).map_err(corrupt)?;
+                    return decode(&sc.b).map_err(corrupt);
+                }
+                None => {}
+            }
+            self.get_small_via_scratch(key, loc, &*file, sc)
         })
+    }
+
+    /// Read a small record whole into scratch with one `pread()`, check
+    /// it and decode it from there: for types without an in-place decode,
+    /// and for lz4 records (whose payload is not the value's bytes).
+    fn get_small_via_scratch<V: Spill>(
+        &self,
+        key: &K,
+        loc: DiskLoc,
+        file: &dyn SegmentFile,
+        sc: &mut Scratch,
+    ) -> Result<V> {
+        let corrupt = |detail: String| corrupt(key, &self.segment_path(loc.seg), detail);
+        let len = loc.len() as usize;
+        fit(&mut sc.a, len);
+        file.read_exact_at(&mut sc.a, loc.offset)
+            .map_err(|e| read_failed(key, &self.segment_path(loc.seg), loc.offset, len, e))?;
+        let (codec, bytes) = decode_whole(&sc.a, &mut sc.b).map_err(corrupt)?;
+        LAST_SMALL_WAS_LZ4.set(codec == Codec::Lz4);
+        decode(bytes).map_err(corrupt)
     }
 
     /// Read the record at `loc` and check it, for a copy (compaction): a
@@ -203,5 +366,248 @@ fn decode_in_place<V: Spill>(
         Ok(Some(Err(e))) => Some(Err(format!("decode failed: {e}"))),
         Ok(None) => None,
         Err(_) => Some(Err("decode panicked".into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The read of a small record: one `preadv()` into a stack header and
+    //! the value's own memory, for types with an in-place decode; scratch
+    //! for the others. Every way the record can be wrong is `Corrupt`
+    //! naming the key and the file, on both.
+
+    use super::super::storage::FsStorage;
+    use super::super::{DiskLoc, Store, StoreConfig};
+    use super::*;
+    use crate::store::codec::Compression;
+    use std::fs::OpenOptions;
+    use std::os::unix::fs::FileExt;
+
+    /// A value type with no in-place decode: read through scratch.
+    #[derive(Debug, PartialEq)]
+    struct Plain(Vec<u8>);
+
+    impl Spill for Plain {
+        fn weight(&self) -> usize {
+            self.0.len()
+        }
+        fn encode(&self, out: &mut Vec<u8>) -> std::result::Result<(), BoxError> {
+            out.extend_from_slice(&self.0);
+            Ok(())
+        }
+        fn decode(bytes: &[u8]) -> std::result::Result<Self, BoxError> {
+            Ok(Plain(bytes.to_vec()))
+        }
+    }
+
+    fn store(dir: &Path, compression: Compression) -> Store<u32> {
+        Store::new(
+            vec![dir.to_path_buf()],
+            Arc::new(FsStorage),
+            StoreConfig {
+                segment_size: 1 << 20,
+                max_spill: u64::MAX,
+                compact_below: 0.5,
+                compression,
+            },
+        )
+    }
+
+    /// Incompressible bytes (stored raw even with lz4 on).
+    fn noise(seed: u64, len: usize) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    fn patch(path: &Path, at: u64, bytes: &[u8]) {
+        let f = OpenOptions::new().write(true).open(path).unwrap();
+        f.write_all_at(bytes, at).unwrap();
+    }
+
+    fn set_len(path: &Path, len: u64) {
+        let f = OpenOptions::new().write(true).open(path).unwrap();
+        f.set_len(len).unwrap();
+    }
+
+    /// `res` is `Corrupt` for key `key` in `path`, its detail containing
+    /// `what`.
+    fn assert_corrupt<V: Debug>(res: Result<V>, key: u32, path: &Path, what: &str) {
+        match res {
+            Err(Error::Corrupt {
+                key: k,
+                path: p,
+                detail,
+            }) => {
+                assert_eq!(k, key.to_string());
+                assert_eq!(p, path);
+                assert!(detail.contains(what), "{detail:?} lacks {what:?}");
+            }
+            other => panic!("expected Corrupt({what}), got {other:?}"),
+        }
+    }
+
+    /// Both read paths: a `Vec<u8>` (in place) and a `Plain` (scratch).
+    fn both(s: &Store<u32>, key: u32, loc: DiskLoc) -> (Result<Vec<u8>>, Result<Plain>) {
+        (s.get::<Vec<u8>>(&key, loc), s.get::<Plain>(&key, loc))
+    }
+
+    #[test]
+    fn small_records_read_back_on_both_paths_raw_and_lz4() {
+        for compression in [Compression::None, Compression::Lz4] {
+            let tmp = tempfile::tempdir().unwrap();
+            let s = store(tmp.path(), compression);
+            let values = [
+                noise(1, 4096),
+                vec![0u8; 4096],
+                b"x".to_vec(),
+                Vec::new(),
+                noise(2, IN_PLACE_MIN - record::HEADER - 1),
+            ];
+            for (k, v) in values.iter().enumerate() {
+                let loc = s.put(&(k as u32), v).unwrap();
+                let (a, b) = both(&s, k as u32, loc);
+                assert_eq!(&a.unwrap(), v, "{compression:?} {k}");
+                assert_eq!(&b.unwrap().0, v, "{compression:?} {k}");
+            }
+            // The zeros were compressed: the lz4 record went through the
+            // in-place read first, then was decompressed.
+            if compression == Compression::Lz4 {
+                let loc = s.put(&9, &vec![0u8; 4096]).unwrap();
+                assert!(loc.len() < 4096, "zeros compress");
+                assert_eq!(s.get::<Vec<u8>>(&9, loc).unwrap(), vec![0u8; 4096]);
+                assert_eq!(s.get::<String>(&9, loc).unwrap(), "\0".repeat(4096));
+            }
+        }
+    }
+
+    #[test]
+    fn raw_and_lz4_records_read_back_in_any_order_on_one_thread() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = store(tmp.path(), Compression::Lz4);
+        let raw = noise(7, 3000);
+        let zeros = vec![0u8; 3000];
+        let a = s.put(&1, &raw).unwrap();
+        let b = s.put(&2, &zeros).unwrap();
+        assert!(b.len() < a.len(), "zeros compress, noise does not");
+        // Each switch of codec crosses from one way of reading to the other.
+        for (k, loc, want) in [
+            (1, a, &raw),
+            (2, b, &zeros),
+            (2, b, &zeros),
+            (1, a, &raw),
+            (1, a, &raw),
+            (2, b, &zeros),
+        ] {
+            assert_eq!(&s.get::<Vec<u8>>(&k, loc).unwrap(), want);
+        }
+        // A damaged raw record is caught on the scratch way too.
+        s.get::<Vec<u8>>(&2, b).unwrap();
+        let path = s.segment_path(a.seg);
+        patch(&path, a.offset + 40, &[raw[8] ^ 1]);
+        assert_corrupt(s.get::<Vec<u8>>(&1, a), 1, &path, "payload checksum");
+    }
+
+    #[test]
+    fn a_corrupt_header_or_payload_is_corrupt_on_both_paths() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = store(tmp.path(), Compression::None);
+        let v = noise(3, 4096);
+        // (byte to flip within the record, what the error says)
+        for (i, (at, what)) in [
+            (0, "magic"),
+            (9, "header checksum"),
+            (27, "header checksum"),
+            (30, "header checksum"),
+            (32, "payload checksum"),
+            (32 + 4095, "payload checksum"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let key = i as u32;
+            let loc = s.put(&key, &v).unwrap();
+            let path = s.segment_path(loc.seg);
+            let mut b = [0u8; 1];
+            let f = std::fs::File::open(&path).unwrap();
+            f.read_exact_at(&mut b, loc.offset + at).unwrap();
+            patch(&path, loc.offset + at, &[b[0] ^ 0x40]);
+            let (a, b) = both(&s, key, loc);
+            assert_corrupt(a, key, &path, what);
+            assert_corrupt(b, key, &path, what);
+        }
+    }
+
+    #[test]
+    fn an_index_length_that_disagrees_with_the_header_is_corrupt() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = store(tmp.path(), Compression::None);
+        let v = noise(4, 4096);
+        let loc = s.put(&1, &v).unwrap();
+        s.put(&2, &v).unwrap();
+        let path = s.segment_path(loc.seg);
+        for len in [loc.len() - 1, loc.len() + 1] {
+            let bad = DiskLoc::new(loc.seg, loc.offset, len);
+            let (a, b) = both(&s, 1, bad);
+            assert_corrupt(a, 1, &path, "header says");
+            assert_corrupt(b, 1, &path, "header says");
+        }
+        let tiny = DiskLoc::new(loc.seg, loc.offset, 5);
+        assert_corrupt(
+            s.get::<Vec<u8>>(&1, tiny),
+            1,
+            &path,
+            "shorter than its header",
+        );
+        assert_corrupt(
+            s.get::<Plain>(&1, tiny),
+            1,
+            &path,
+            "shorter than its header",
+        );
+    }
+
+    #[test]
+    fn a_segment_cut_short_anywhere_in_a_record_is_corrupt_on_both_paths() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = store(tmp.path(), Compression::None);
+        let v = noise(5, 4096);
+        let loc = s.put(&7, &v).unwrap();
+        let path = s.segment_path(loc.seg);
+        // Inside the header, at its end (the payload reads nothing), inside
+        // the payload, one byte short.
+        for cut in [0, 10, record::HEADER as u64, 100, loc.len() - 1] {
+            set_len(&path, loc.offset + cut);
+            let (a, b) = both(&s, 7, loc);
+            assert_corrupt(a, 7, &path, "truncated");
+            assert_corrupt(b, 7, &path, "truncated");
+        }
+    }
+
+    #[test]
+    fn a_decode_failure_after_an_in_place_read_is_corrupt() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = store(tmp.path(), Compression::None);
+        let loc = s.put(&3, &vec![0xffu8; 100]).unwrap();
+        let path = s.segment_path(loc.seg);
+        assert_corrupt(s.get::<String>(&3, loc), 3, &path, "decode failed");
+    }
+
+    #[test]
+    fn a_released_segment_is_an_io_error_naming_its_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = store(tmp.path(), Compression::None);
+        let loc = s.put(&1, &noise(6, 100)).unwrap();
+        let gone = DiskLoc::new(loc.seg + 1, 0, loc.len());
+        match s.get::<Vec<u8>>(&1, gone) {
+            Err(e @ Error::Io { .. }) => assert!(e.to_string().contains("seg-"), "{e}"),
+            other => panic!("expected Io, got {other:?}"),
+        }
     }
 }

@@ -23,7 +23,7 @@ fn insert_evict_write_and_read_back_balance_the_gauges() {
     let (freed, d2) = n.spill_done(loc());
     assert!(freed.is_some());
     assert_eq!(n.state().name(), "on-disk");
-    let (tx, _rx) = crossbeam_channel::bounded(1);
+    let (tx, _rx) = crate::buffer::handoff::channel();
     assert_eq!(n.start_read(Waiter::Blocking(tx)).ok(), Some(Some(loc())));
     let (waiters, prefetch, d3) = n.read_done(Some(Arc::new(7)));
     assert_eq!((waiters.len(), prefetch), (1, false));
@@ -68,7 +68,7 @@ fn consuming_a_clean_value_frees_it_and_a_dirty_one_goes_first_out() {
     ));
     n.evict().unwrap();
     n.spill_done(loc());
-    let (tx, _rx) = crossbeam_channel::bounded(1);
+    let (tx, _rx) = crate::buffer::handoff::channel();
     n.start_read(Waiter::Blocking(tx)).ok();
     n.read_done(Some(Arc::new(7)));
     n.pin();
@@ -112,7 +112,7 @@ fn relocation_follows_only_the_owned_record() {
     let new = DiskLoc::new(1, 0, 40);
     assert_eq!(n.relocate(new, loc()), Relocated::Stale);
     assert_eq!(n.relocate(loc(), new), Relocated::Moved);
-    let (tx, _rx) = crossbeam_channel::bounded(1);
+    let (tx, _rx) = crate::buffer::handoff::channel();
     n.start_read(Waiter::Blocking(tx)).ok();
     assert_eq!(n.relocate(new, loc()), Relocated::Busy);
 }

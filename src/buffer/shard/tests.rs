@@ -82,7 +82,7 @@ fn replacing_a_key_hands_its_readers_the_new_value() {
     let (_, after) = s.evict_tail(ListKind::Dirty, None).unwrap();
     let v = after.write.unwrap().version;
     s.spill_done(&1, v, DiskLoc::new(0, 0, 40));
-    let (tx, _rx) = crossbeam_channel::bounded(1);
+    let (tx, _rx) = crate::buffer::handoff::channel();
     let h = s.hash.of(&1);
     assert!(matches!(
         s.lookup(h, &1, Some(Waiter::Blocking(tx))),
