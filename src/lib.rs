@@ -70,7 +70,7 @@ pub use store::codec::Compression;
 pub use store::storage::{FsStorage, SegmentFile, Storage};
 #[cfg(feature = "serde")]
 pub use value::Serde;
-pub use value::Spill;
+pub use value::{EncodedPieces, Spill};
 
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

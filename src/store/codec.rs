@@ -63,6 +63,37 @@ pub(crate) fn compress_into(raw: &[u8], out: &mut Vec<u8>, at: usize) -> Option<
     pays(raw.len(), n).then_some(n)
 }
 
+/// Whether lz4 may pay on an input of `total` bytes given as `pieces`, told
+/// without gathering them: a large input is tried on its first [`PROBE`]
+/// bytes (copied into `prefix`, compressed into `out`), the probe
+/// [`compress_into`] makes; a smaller one is left to [`compress_into`].
+pub(crate) fn might_pay<'a>(
+    pieces: impl IntoIterator<Item = &'a [u8]>,
+    total: usize,
+    prefix: &mut Vec<u8>,
+    out: &mut Vec<u8>,
+) -> bool {
+    if total < 64 {
+        return false;
+    }
+    if total <= 4 * PROBE {
+        return true;
+    }
+    prefix.clear();
+    for p in pieces {
+        let take = (PROBE - prefix.len()).min(p.len());
+        prefix.extend_from_slice(&p[..take]);
+        if prefix.len() == PROBE {
+            break;
+        }
+    }
+    let need = lz4_flex::block::get_maximum_output_size(prefix.len());
+    if out.len() < need {
+        out.resize(need, 0);
+    }
+    lz4_flex::block::compress_into(prefix, out).is_ok_and(|n| pays(prefix.len(), n))
+}
+
 /// Decompress `stored` (an lz4 block of `raw_len` bytes) into `out`, which is
 /// resized to exactly `raw_len`.
 pub(crate) fn decompress_into(

@@ -8,7 +8,7 @@ use super::record;
 use super::scratch::{with_scratch, Scratch};
 use super::{DiskLoc, Store};
 use crate::error::{Error, Result};
-use crate::value::Spill;
+use crate::value::{EncodedPieces, Spill};
 use std::fmt::Debug;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -28,6 +28,14 @@ impl<K: Clone + Debug> Store<K> {
         self.check_budget(record::HEADER as u64)?;
         if let Some(bytes) = value.as_encoded().filter(|b| b.len() >= IN_PLACE_MIN) {
             return self.put_in_place(key, bytes);
+        }
+        // A panic here falls back to `encode`, which reports it.
+        let pieces = catch_unwind(AssertUnwindSafe(|| value.encoded_pieces()))
+            .ok()
+            .flatten()
+            .filter(|p| p.len() >= IN_PLACE_MIN);
+        if let Some(pieces) = pieces {
+            return self.put_pieces(key, &pieces);
         }
         with_scratch(|sc| {
             let (len, in_b) = self.encode_record(key, value, sc)?;
@@ -180,5 +188,234 @@ impl<K: Clone + Debug> Store<K> {
         let mut head = [0u8; record::HEADER];
         record::seal_header(&mut head, Codec::Raw, bytes, raw_len);
         self.write_pieces(key, &[&head, bytes])
+    }
+
+    /// Write a large value handed over in pieces ([`EncodedPieces`]): as
+    /// [`Self::put_in_place`], from the value's own memory behind a header
+    /// on the stack, the pieces written one after another. Gathered into
+    /// scratch only when lz4 may pay (a probe of the first bytes says so).
+    fn put_pieces(&self, key: &K, pieces: &EncodedPieces<'_>) -> Result<DiskLoc> {
+        let raw_len = pieces.len() as u64;
+        if self.compression() == Compression::Lz4 {
+            let done = with_scratch(|sc| {
+                if !codec::might_pay(pieces.iter(), pieces.len(), &mut sc.a, &mut sc.b) {
+                    return None;
+                }
+                sc.a.clear();
+                pieces.iter().for_each(|p| sc.a.extend_from_slice(p));
+                let n = codec::compress_into(&sc.a, &mut sc.b, record::HEADER)?;
+                let rec = &mut sc.b[..record::HEADER + n];
+                record::seal(rec, Codec::Lz4, raw_len);
+                Some(self.write(key, rec))
+            });
+            if let Some(res) = done {
+                return res;
+            }
+        }
+        let mut head = [0u8; record::HEADER];
+        record::seal_header_pieces(&mut head, Codec::Raw, pieces.iter(), raw_len);
+        let (glue, runs) = coalesce(std::iter::once(&head[..]).chain(pieces.iter()));
+        let all: Vec<&[u8]> = runs
+            .iter()
+            .map(|run| match run {
+                Run::Glued(r) => &glue[r.clone()],
+                Run::Own(p) => *p,
+            })
+            .collect();
+        self.write_pieces(key, &all)
+    }
+}
+
+/// Pieces smaller than this are copied together rather than written with
+/// a call of their own (each call takes the file's write lock).
+const GLUE_BELOW: usize = 16 << 10;
+
+/// Where a piece of a coalesced write comes from.
+enum Run<'a> {
+    /// A range of the glued small pieces.
+    Glued(std::ops::Range<usize>),
+    /// A large piece, written from where it is.
+    Own(&'a [u8]),
+}
+
+/// Runs of consecutive small pieces copied into one buffer (returned), and
+/// the large pieces between them left where they are.
+fn coalesce<'a>(pieces: impl Iterator<Item = &'a [u8]>) -> (Vec<u8>, Vec<Run<'a>>) {
+    let mut glue = Vec::new();
+    let mut runs = Vec::new();
+    let mut open: Option<usize> = None;
+    for p in pieces {
+        if p.len() < GLUE_BELOW {
+            open.get_or_insert(glue.len());
+            glue.extend_from_slice(p);
+            continue;
+        }
+        if let Some(start) = open.take() {
+            runs.push(Run::Glued(start..glue.len()));
+        }
+        runs.push(Run::Own(p));
+    }
+    if let Some(start) = open {
+        runs.push(Run::Glued(start..glue.len()));
+    }
+    (glue, runs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::storage::FsStorage;
+    use crate::store::StoreConfig;
+    use crate::BoxError;
+    use std::os::unix::fs::FileExt;
+
+    /// Frames handed over in pieces: each a 4-byte length (built on the
+    /// fly) then the frame's own bytes (borrowed).
+    #[derive(Debug, PartialEq)]
+    struct Frames(Vec<Vec<u8>>);
+
+    impl Spill for Frames {
+        fn weight(&self) -> usize {
+            self.0.iter().map(Vec::len).sum()
+        }
+        fn encode(&self, out: &mut Vec<u8>) -> std::result::Result<(), BoxError> {
+            for f in &self.0 {
+                out.extend_from_slice(&(f.len() as u32).to_le_bytes());
+                out.extend_from_slice(f);
+            }
+            Ok(())
+        }
+        fn decode(mut bytes: &[u8]) -> std::result::Result<Self, BoxError> {
+            let mut frames = Vec::new();
+            while !bytes.is_empty() {
+                let (len, rest) = bytes.split_at_checked(4).ok_or("cut length")?;
+                let len = u32::from_le_bytes(len.try_into()?) as usize;
+                let (f, rest) = rest.split_at_checked(len).ok_or("cut frame")?;
+                frames.push(f.to_vec());
+                bytes = rest;
+            }
+            Ok(Frames(frames))
+        }
+        fn encoded_pieces(&self) -> Option<EncodedPieces<'_>> {
+            let mut p = EncodedPieces::new();
+            for f in &self.0 {
+                p.push((f.len() as u32).to_le_bytes());
+                p.push_slice(f);
+            }
+            Some(p)
+        }
+    }
+
+    fn store(dir: &std::path::Path, compression: Compression) -> Store<u32> {
+        Store::new(
+            vec![dir.to_path_buf()],
+            Arc::new(FsStorage),
+            StoreConfig {
+                segment_size: 1 << 20,
+                max_spill: u64::MAX,
+                compact_below: 0.5,
+                compression,
+            },
+        )
+    }
+
+    fn noise(n: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    /// Frames of mixed sizes: small ones glued together, large ones
+    /// written from where they are.
+    fn frames(compressible: bool) -> Frames {
+        let frame = |n: usize, s: u64| {
+            if compressible {
+                (0..n).map(|i| (i % 13) as u8).collect()
+            } else {
+                noise(n, s)
+            }
+        };
+        Frames(vec![
+            frame(10, 1),
+            frame(300_000, 2),
+            frame(5, 3),
+            frame(0, 4),
+            frame(20_000, 5),
+            frame(700_000, 6),
+            frame(3, 7),
+        ])
+    }
+
+    fn codec_of(s: &Store<u32>, loc: DiskLoc) -> u8 {
+        let mut head = [0u8; record::HEADER];
+        let file = std::fs::File::open(s.path_of(loc)).unwrap();
+        file.read_exact_at(&mut head, loc.offset).unwrap();
+        head[4]
+    }
+
+    #[test]
+    fn values_in_pieces_round_trip_raw_and_compressed() {
+        for (compression, compressible, codec) in [
+            (Compression::None, true, Codec::Raw),
+            (Compression::Lz4, false, Codec::Raw),
+            (Compression::Lz4, true, Codec::Lz4),
+        ] {
+            let tmp = tempfile::tempdir().unwrap();
+            let s = store(tmp.path(), compression);
+            let v = frames(compressible);
+            let loc = s.put(&1, &v).unwrap();
+            assert_eq!(codec_of(&s, loc), codec as u8, "{compression:?}");
+            assert_eq!(s.get::<Frames>(&1, loc).unwrap(), v, "{compression:?}");
+            // The same record as `encode` would have made.
+            let mut enc = Vec::new();
+            v.encode(&mut enc).unwrap();
+            if codec == Codec::Raw {
+                assert_eq!(loc.len(), (record::HEADER + enc.len()) as u64);
+            }
+            s.validate().unwrap();
+        }
+    }
+
+    #[test]
+    fn a_damaged_piece_is_corrupt() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = store(tmp.path(), Compression::None);
+        let v = frames(false);
+        let loc = s.put(&7, &v).unwrap();
+        // A byte inside the second large frame.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(s.path_of(loc))
+            .unwrap();
+        let at = loc.offset + record::HEADER as u64 + 330_000 + 500_000;
+        let mut byte = [0u8];
+        file.read_exact_at(&mut byte, at).unwrap();
+        file.write_all_at(&[byte[0] ^ 0xFF], at).unwrap();
+        let err = s.get::<Frames>(&7, loc).unwrap_err();
+        assert!(matches!(err, Error::Corrupt { .. }), "{err}");
+        assert!(err.to_string().contains('7'), "{err}");
+    }
+
+    #[test]
+    fn small_pieces_are_glued_and_large_ones_kept_in_place() {
+        let big = vec![1u8; GLUE_BELOW];
+        let pieces: Vec<&[u8]> = vec![b"ab", b"c", &big, b"d", &big];
+        let (glue, runs) = coalesce(pieces.into_iter());
+        assert_eq!(glue, b"abcd");
+        let shape: Vec<String> = runs
+            .iter()
+            .map(|r| match r {
+                Run::Glued(r) => format!("{r:?}"),
+                Run::Own(p) => format!("own {}", p.len()),
+            })
+            .collect();
+        assert_eq!(shape, ["0..3", "own 16384", "3..4", "own 16384"]);
     }
 }

@@ -39,6 +39,23 @@ pub(crate) fn seal_header(head: &mut [u8], codec: Codec, payload: &[u8], raw_len
     seal_header_crc(head, codec, payload.len() as u64, raw_len, crc);
 }
 
+/// Fill the header `head` for a payload written as `pieces`, one after
+/// another, from memory elsewhere (a value handed over in pieces).
+pub(crate) fn seal_header_pieces<'a>(
+    head: &mut [u8],
+    codec: Codec,
+    pieces: impl IntoIterator<Item = &'a [u8]>,
+    raw_len: u64,
+) {
+    let mut crc = crc32fast::Hasher::new();
+    let mut len = 0u64;
+    for p in pieces {
+        crc.update(p);
+        len += p.len() as u64;
+    }
+    seal_header_crc(head, codec, len, raw_len, crc.finalize());
+}
+
 /// Fill the header `head` for a payload of `stored_len` bytes whose
 /// checksum the caller computed (piece by piece, as it wrote them).
 pub(crate) fn seal_header_crc(

@@ -9,17 +9,18 @@
 //! is plain data, which the store's checksum covers.
 //!
 //! A large batch is read back into one 16-byte-aligned allocation, and its
-//! arrays point into it: the read is the only copy of their data. The
-//! arrays' bytes are copied once on the way out, into the store's reused
-//! buffer (the record has a header before them).
+//! arrays point into it: the read is the only copy of their data. On the
+//! way out it is handed over in pieces ([`Spill::encoded_pieces`]): the
+//! messages' metadata, then the arrays' own buffers, written to disk from
+//! where they are, with no copy (unless lz4 compresses the record).
 
-use super::Spill;
+use super::{EncodedPieces, Spill};
 use crate::error::BoxError;
 use arrow_array::{Array, RecordBatch};
 use arrow_buffer::Buffer;
 use arrow_data::ArrayData;
 use arrow_ipc::reader::StreamDecoder;
-use arrow_ipc::writer::{IpcWriteOptions, StreamWriter};
+use arrow_ipc::writer::{IpcWriteOptions, StreamEncoder, StreamWriter};
 use arrow_ipc::MetadataVersion;
 use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -47,6 +48,26 @@ impl Spill for RecordBatch {
         w.finish()?;
         drop(w);
         seal(out, start)
+    }
+
+    fn encoded_pieces(&self) -> Option<EncodedPieces<'_>> {
+        // arrow-ipc's encoder hands the body buffers over as the arrays'
+        // own `Buffer`s (shared, not copied); the framing and padding
+        // around them are small buffers of their own.
+        let options = IpcWriteOptions::try_new(ALIGNMENT, false, MetadataVersion::V5).ok()?;
+        let mut encoder = StreamEncoder::try_new_with_options(&self.schema(), options).ok()?;
+        let mut buffers = encoder.encode(self).ok()?;
+        buffers.extend(encoder.finish().ok()?);
+        let crc = metadata_crc(&buffers)?;
+        let mut pieces = EncodedPieces::new();
+        for b in buffers {
+            pieces.push(b);
+        }
+        let mut trailer = [0u8; TRAILER];
+        trailer[..4].copy_from_slice(&crc.to_le_bytes());
+        trailer[4..].copy_from_slice(&TRAILER_TAG);
+        pieces.push(trailer);
+        Some(pieces)
     }
 
     fn decode(bytes: &[u8]) -> Result<Self, BoxError> {
@@ -132,6 +153,80 @@ fn seal(out: &mut Vec<u8>, start: usize) -> Result<(), BoxError> {
     out.extend_from_slice(&walk.metadata_crc.to_le_bytes());
     out.extend_from_slice(&TRAILER_TAG);
     Ok(())
+}
+
+/// The trailer's checksum ([`Walk::metadata_crc`]) of the IPC stream laid
+/// out in `pieces`, read across piece boundaries and skipping the message
+/// bodies. `None` if the pieces are not one whole stream.
+fn metadata_crc(pieces: &[Buffer]) -> Option<u32> {
+    let mut at = Cursor {
+        pieces,
+        piece: 0,
+        at: 0,
+    };
+    let mut crc = crc32fast::Hasher::new();
+    let mut framing = Vec::new();
+    loop {
+        framing.clear();
+        at.read(4, &mut framing)?;
+        if framing[..] == CONTINUATION {
+            at.read(4, &mut framing)?;
+        }
+        let word = &framing[framing.len() - 4..];
+        let len = u32::from_le_bytes(word.try_into().ok()?) as usize;
+        let meta_start = framing.len();
+        at.read(len, &mut framing)?;
+        crc.update(&framing);
+        if len == 0 {
+            break;
+        }
+        let message = arrow_ipc::root_as_message(&framing[meta_start..]).ok()?;
+        at.skip(usize::try_from(message.bodyLength()).ok()?)?;
+    }
+    at.at_end().then(|| crc.finalize())
+}
+
+/// A read position in a stream laid out in pieces.
+struct Cursor<'a> {
+    pieces: &'a [Buffer],
+    piece: usize,
+    /// Offset in `pieces[piece]`.
+    at: usize,
+}
+
+impl Cursor<'_> {
+    /// Append the next `n` bytes to `out`; `None` past the end.
+    fn read(&mut self, n: usize, out: &mut Vec<u8>) -> Option<()> {
+        self.advance(n, |bytes| out.extend_from_slice(bytes))
+    }
+
+    /// Step over the next `n` bytes; `None` past the end.
+    fn skip(&mut self, n: usize) -> Option<()> {
+        self.advance(n, |_| {})
+    }
+
+    fn advance(&mut self, mut n: usize, mut each: impl FnMut(&[u8])) -> Option<()> {
+        while n > 0 {
+            let piece = self.pieces.get(self.piece)?.as_slice();
+            let take = (piece.len() - self.at).min(n);
+            each(&piece[self.at..self.at + take]);
+            self.at += take;
+            n -= take;
+            if self.at == piece.len() {
+                self.piece += 1;
+                self.at = 0;
+            }
+        }
+        Some(())
+    }
+
+    fn at_end(&self) -> bool {
+        self.pieces[self.piece.min(self.pieces.len())..]
+            .iter()
+            .map(|p| p.len())
+            .sum::<usize>()
+            == self.at
+    }
 }
 
 /// Check an encoding before arrow reads it: its trailer, then its IPC
@@ -292,6 +387,54 @@ mod tests {
         check::round_trip(batch(0));
         check::round_trip(batch(1000).slice(100, 50));
         check::in_place_round_trip(batch(1000));
+    }
+
+    /// Batches of many shapes: nulls, strings, dictionaries, slices
+    /// (offsets re-based, bitmaps at an odd bit offset), empty, nested.
+    fn shapes() -> Vec<RecordBatch> {
+        use arrow_array::builder::{ListBuilder, StringBuilder};
+        let mut list = ListBuilder::new(StringBuilder::new());
+        for i in 0..300 {
+            for j in 0..i % 4 {
+                list.values().append_value(format!("{i}.{j}"));
+            }
+            list.append(i % 5 != 0);
+        }
+        let list: ArrayRef = Arc::new(list.finish());
+        let nested = RecordBatch::try_from_iter([("list", list)]).unwrap();
+        let big = batch(20_000);
+        vec![
+            batch(0),
+            batch(1),
+            batch(1000),
+            big.clone(),
+            big.slice(3, 7_001),
+            big.slice(19_990, 10),
+            batch(1000).slice(0, 0),
+            nested.clone(),
+            nested.slice(7, 100),
+        ]
+    }
+
+    #[test]
+    fn the_pieces_are_the_encoding() {
+        for b in shapes() {
+            let pieces = b.encoded_pieces().expect("a record batch has pieces");
+            let whole = pieces.to_vec();
+            assert_eq!(pieces.len(), whole.len());
+            assert!(whole == encoded(&b), "{} rows", b.num_rows());
+            assert_eq!(RecordBatch::decode(&whole).unwrap(), b);
+        }
+    }
+
+    #[test]
+    fn large_buffers_are_handed_over_not_copied() {
+        let b = batch(20_000);
+        let xs = b.column(1).to_data().buffers()[0].clone();
+        let pieces = b.encoded_pieces().unwrap();
+        assert!(pieces
+            .iter()
+            .any(|p| p.as_ptr() == xs.as_ptr() && p.len() == xs.len()));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! family; those that need a dependency sit behind a cargo feature of the
 //! same name (docs/value-types.md).
 
+mod pieces;
 mod pod;
 mod string;
 
@@ -15,6 +16,7 @@ mod serde;
 #[cfg(feature = "slices")]
 mod slices;
 
+pub use self::pieces::EncodedPieces;
 #[cfg(feature = "serde")]
 pub use self::serde::Serde;
 
@@ -41,6 +43,19 @@ pub trait Spill: Sized + Send + Sync + 'static {
     /// copied into a buffer first. Must agree with `encode`.
     /// Defaults to: `None` (the value is encoded into a buffer).
     fn as_encoded(&self) -> Option<&[u8]> {
+        None
+    }
+
+    /// The encoded form as several pieces, most borrowed from the value,
+    /// for a value whose encoding is its own buffers framed by a little
+    /// metadata (a record batch's arrays, a list of frames). Laid end to
+    /// end the pieces must be exactly what `encode` appends. A large value
+    /// is then written to disk from its own memory, piece after piece,
+    /// rather than gathered into a buffer first. Returning `None` (also
+    /// when the pieces cannot be produced) falls back to `encode`, which
+    /// reports any error.
+    /// Defaults to: `None`.
+    fn encoded_pieces(&self) -> Option<EncodedPieces<'_>> {
         None
     }
 
