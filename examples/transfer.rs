@@ -47,6 +47,9 @@ struct Opts {
     blocking: bool,
 }
 
+const USAGE: &str = "usage: transfer [--measure] [--blocking] [--values N] [--size BYTES] \
+[--rounds R] [--window W] [--dir DIR] [--data random|counter] [--compression lz4|none]";
+
 fn opts() -> Opts {
     let mut o = Opts {
         measure: false,
@@ -72,7 +75,14 @@ fn opts() -> Opts {
             "--dir" => o.dir = val().into(),
             "--data" => o.counter = val() == "counter",
             "--compression" => o.lz4 = val() != "none",
-            other => panic!("unknown argument {other}"),
+            "--help" | "-h" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => {
+                eprintln!("transfer: unknown argument {other}\n{USAGE}");
+                std::process::exit(2);
+            }
         }
     }
     o.window = o.window.max(1);

@@ -9,21 +9,14 @@
 
 mod common;
 
-use common::value;
+use common::{value, Val};
 use spillbuffer::testing::{FaultyStorage, WriteFault};
-use spillbuffer::{BoxError, Compression, Error, Spill, SpillBuffer};
+use spillbuffer::{Compression, Error, Spill, SpillBuffer};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const W: usize = 1000;
-
-/// A value whose encode fails when `bad`.
-#[derive(Debug, Clone, PartialEq)]
-struct Val {
-    bytes: Vec<u8>,
-    bad: bool,
-}
 
 impl Val {
     fn good(k: u64) -> Val {
@@ -38,27 +31,6 @@ impl Val {
             bytes: value(k, W),
             bad: true,
         }
-    }
-}
-
-impl Spill for Val {
-    fn weight(&self) -> usize {
-        self.bytes.len()
-    }
-
-    fn encode(&self, out: &mut Vec<u8>) -> Result<(), BoxError> {
-        if self.bad {
-            return Err("this value cannot be encoded".into());
-        }
-        out.extend_from_slice(&self.bytes);
-        Ok(())
-    }
-
-    fn decode(bytes: &[u8]) -> Result<Self, BoxError> {
-        Ok(Val {
-            bytes: bytes.to_vec(),
-            bad: false,
-        })
     }
 }
 

@@ -11,13 +11,13 @@
 
 mod common;
 
-use common::value;
+use common::{value, Val};
 use metrics::{
     Counter, CounterFn, Gauge, GaugeFn, Histogram, Key, KeyName, Metadata, Recorder, SharedString,
     Unit,
 };
 use spillbuffer::testing::{FaultyStorage, WriteFault};
-use spillbuffer::{BoxError, Compression, Spill, SpillBuffer, Stats};
+use spillbuffer::{Compression, SpillBuffer, Stats};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -434,33 +434,6 @@ fn dropping_a_buffer_zeroes_its_gauges() {
         reg.get("spillbuffer_spilled_bytes_total", "dropped", None),
         Some(st.spilled_bytes_total as f64)
     );
-}
-
-/// A value whose encode fails when `bad`.
-struct Val {
-    bytes: Vec<u8>,
-    bad: bool,
-}
-
-impl Spill for Val {
-    fn weight(&self) -> usize {
-        self.bytes.len()
-    }
-
-    fn encode(&self, out: &mut Vec<u8>) -> Result<(), BoxError> {
-        if self.bad {
-            return Err("cannot be encoded".into());
-        }
-        out.extend_from_slice(&self.bytes);
-        Ok(())
-    }
-
-    fn decode(bytes: &[u8]) -> Result<Self, BoxError> {
-        Ok(Val {
-            bytes: bytes.to_vec(),
-            bad: false,
-        })
-    }
 }
 
 /// Spill failures are published by cause, each equal to its `Stats` field.

@@ -376,10 +376,10 @@ mod tests {
     //! for the others. Every way the record can be wrong is `Corrupt`
     //! naming the key and the file, on both.
 
-    use super::super::storage::FsStorage;
-    use super::super::{DiskLoc, Store, StoreConfig};
+    use super::super::DiskLoc;
     use super::*;
     use crate::store::codec::Compression;
+    use crate::store::tests::{noise, store_with as store};
     use std::fs::OpenOptions;
     use std::os::unix::fs::FileExt;
 
@@ -398,32 +398,6 @@ mod tests {
         fn decode(bytes: &[u8]) -> std::result::Result<Self, BoxError> {
             Ok(Plain(bytes.to_vec()))
         }
-    }
-
-    fn store(dir: &Path, compression: Compression) -> Store<u32> {
-        Store::new(
-            vec![dir.to_path_buf()],
-            Arc::new(FsStorage),
-            StoreConfig {
-                segment_size: 1 << 20,
-                max_spill: u64::MAX,
-                compact_below: 0.5,
-                compression,
-            },
-        )
-    }
-
-    /// Incompressible bytes (stored raw even with lz4 on).
-    fn noise(seed: u64, len: usize) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
     }
 
     fn patch(path: &Path, at: u64, bytes: &[u8]) {

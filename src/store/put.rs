@@ -264,8 +264,7 @@ fn coalesce<'a>(pieces: impl Iterator<Item = &'a [u8]>) -> (Vec<u8>, Vec<Run<'a>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::storage::FsStorage;
-    use crate::store::StoreConfig;
+    use crate::store::tests::{noise, store_with as store};
     use crate::BoxError;
     use std::os::unix::fs::FileExt;
 
@@ -306,31 +305,6 @@ mod tests {
         }
     }
 
-    fn store(dir: &std::path::Path, compression: Compression) -> Store<u32> {
-        Store::new(
-            vec![dir.to_path_buf()],
-            Arc::new(FsStorage),
-            StoreConfig {
-                segment_size: 1 << 20,
-                max_spill: u64::MAX,
-                compact_below: 0.5,
-                compression,
-            },
-        )
-    }
-
-    fn noise(n: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
-
     /// Frames of mixed sizes: small ones glued together, large ones
     /// written from where they are.
     fn frames(compressible: bool) -> Frames {
@@ -338,7 +312,7 @@ mod tests {
             if compressible {
                 (0..n).map(|i| (i % 13) as u8).collect()
             } else {
-                noise(n, s)
+                noise(s, n)
             }
         };
         Frames(vec![

@@ -16,6 +16,35 @@ fn store(dir: &std::path::Path, segment_size: u64, max_spill: u64) -> Store<u32>
     )
 }
 
+/// A store of 1 MiB segments, no budget, with `compression`: what the
+/// read and write paths' own tests (in `get.rs`, `put.rs`) start from.
+pub(super) fn store_with(dir: &std::path::Path, compression: Compression) -> Store<u32> {
+    Store::new(
+        vec![dir.to_path_buf()],
+        Arc::new(storage::FsStorage),
+        StoreConfig {
+            segment_size: 1 << 20,
+            max_spill: u64::MAX,
+            compact_below: 0.5,
+            compression,
+        },
+    )
+}
+
+/// `len` incompressible bytes that depend on `seed` (stored raw even with
+/// lz4 on).
+pub(super) fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 fn rec(payload: &[u8]) -> Vec<u8> {
     let mut b = vec![0u8; record::HEADER];
     b.extend_from_slice(payload);

@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use spillbuffer::testing::{Faults, FaultyStorage};
-use spillbuffer::{Builder, SpillBuffer, Stats};
+use spillbuffer::{BoxError, Builder, Spill, SpillBuffer, Stats};
 use std::sync::Arc;
 
 pub type Buf = SpillBuffer<u64, Vec<u8>>;
@@ -70,4 +70,33 @@ pub async fn start_each<F: std::future::Future>(futs: &mut [std::pin::Pin<&mut F
         std::task::Poll::Ready(())
     })
     .await
+}
+
+/// A value whose encode fails when `bad`: a spill failure on demand. Read
+/// back, it is always good.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Val {
+    pub bytes: Vec<u8>,
+    pub bad: bool,
+}
+
+impl Spill for Val {
+    fn weight(&self) -> usize {
+        self.bytes.len()
+    }
+
+    fn encode(&self, out: &mut Vec<u8>) -> Result<(), BoxError> {
+        if self.bad {
+            return Err("this value cannot be encoded".into());
+        }
+        out.extend_from_slice(&self.bytes);
+        Ok(())
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self, BoxError> {
+        Ok(Val {
+            bytes: bytes.to_vec(),
+            bad: false,
+        })
+    }
 }
