@@ -418,9 +418,12 @@ async fn prefetch_never_exceeds_the_target_while_reading() {
     assert_eq!(s.unspill_count_total, 40, "{s:?}");
     assert_eq!(s.clean_evictions_total, 20, "{s:?}");
     assert_eq!(s.spill_count_total, 100, "{s:?}");
-    for k in 50..70u64 {
-        assert!(b.try_pin(&k).is_some(), "key {k} should be resident");
-    }
+    // In order, give or take the thread scheduler: a pool thread
+    // preempted between its key's turn and its reservation lets the other
+    // thread fill the room with the next key.
+    let resident: Vec<u64> = (50..100u64).filter(|k| b.try_pin(k).is_some()).collect();
+    assert_eq!(resident.len(), 20, "{resident:?}");
+    assert!(resident.iter().all(|&k| k <= 70), "{resident:?}");
     b.validate().unwrap();
 }
 

@@ -116,8 +116,12 @@ impl<K: Key, V: Spill> Inner<K, V> {
     /// ([`Inner::drop_clean_for`]). Runs on the pool.
     pub(crate) fn prefetch_one(&self, key: K, asked: u64) {
         let s = self.shard_of(&key);
-        // A second try only after room was made.
-        for _ in 0..2 {
+        // Try again only after room was made. Another prefetch may take
+        // the room this one made before it reserves it; then make room
+        // again, as long as there are clean values old enough to drop
+        // (each round drops at least one or ends). The bound only guards
+        // against a livelock that progress elsewhere rules out.
+        for _ in 0..64 {
             let target = self.target();
             let refused = Cell::new(None);
             let start = self.with_shard(s, |shard| {
