@@ -176,10 +176,13 @@ pub fn raw_read_threads(
         raw_reads(f, keys, &mut buf, how);
         return start.elapsed();
     }
-    let barrier = Barrier::new(threads);
+    // Fewer keys than threads make fewer shares: the barrier waits for
+    // the threads there are.
+    let shares: Vec<&[usize]> = keys.chunks(keys.len().div_ceil(threads).max(1)).collect();
+    let barrier = Barrier::new(shares.len());
     let spans: Vec<(Instant, Instant)> = std::thread::scope(|s| {
-        let hs: Vec<_> = keys
-            .chunks(keys.len().div_ceil(threads).max(1))
+        let hs: Vec<_> = shares
+            .into_iter()
             .map(|share| {
                 let barrier = &barrier;
                 s.spawn(move || {
