@@ -177,11 +177,13 @@ fn receive(rt: &tokio::runtime::Runtime, b: &Buf, o: &Opts, sock: TcpStream) {
         if key == END {
             break;
         }
-        let rec = Record::read_from(&mut sock).expect("read record");
         if blocking {
-            b.insert_record_blocking(key, rec).expect("insert_record");
+            // Straight from the socket to disk, a piece at a time.
+            b.insert_record_from(key, &mut sock)
+                .expect("insert_record_from");
             continue;
         }
+        let rec = Record::read_from(&mut sock).expect("read record");
         let b = b.clone();
         inflight.push_back(rt.spawn(async move { b.insert_record(key, rec).await }));
         if inflight.len() >= window {

@@ -1,6 +1,7 @@
 //! Transfers without decoding: a key's record handed out as bytes
 //! ([`SpillBuffer::record`]) and such bytes inserted as a key's record
-//! ([`SpillBuffer::insert_record`]). The store reads, encodes and writes
+//! ([`SpillBuffer::insert_record`], or straight from a reader with
+//! [`SpillBuffer::insert_record_from`]). The store reads, encodes and writes
 //! the records (`store::transfer`); this module picks the source of a
 //! key's record, makes sure the bytes read were still that key's, and
 //! installs a received record as an on-disk entry.
@@ -9,16 +10,18 @@ use super::entry::Delta;
 use super::inner::Inner;
 use super::pinned::Pinned;
 use super::read::Lookup;
+use super::shard::After;
 use super::{Key, SpillBuffer};
 use crate::error::{Error, Result};
 use crate::io::Priority;
 use crate::metrics::Metrics;
 use crate::record::{Encoding, Record};
-use crate::store::transfer::{open_received, transfer_path, Encoded};
+use crate::store::transfer::{open_received, transfer_path, Encoded, Streamed};
 use crate::store::DiskLoc;
 use crate::value::Spill;
 use std::borrow::Borrow;
 use std::hash::Hash;
+use std::io::Read;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
@@ -119,6 +122,43 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
     /// checked and written on this thread.
     pub fn insert_record_blocking(&self, key: K, record: Record) -> Result<()> {
         self.inner().receive(key, &record)
+    }
+
+    /// Read one record from `reader` (a socket, a file: the bytes a
+    /// [`Record`] writes, frame header first) and insert it as `key`'s
+    /// value, as [`SpillBuffer::insert_record_blocking`] would, without
+    /// holding the whole record in memory: each piece that arrives is
+    /// checksummed and written to disk while it is still in the cache, so
+    /// the bytes pass through memory once on their way from the socket to
+    /// the file. For blocking callers: the reads and writes run on this
+    /// thread. The reader may go on with whatever follows the record.
+    ///
+    /// # Errors
+    ///
+    /// As [`SpillBuffer::insert_record`]: [`Error::Corrupt`], naming the
+    /// key, if the bytes are not a whole record of this format version
+    /// (a damaged header or payload, a stream that ends inside the
+    /// record); [`Error::Io`] if `reader` fails; [`Error::DiskBudget`],
+    /// [`Error::DiskFull`] or [`Error::Io`] if the write fails. On error
+    /// nothing is inserted, any old value of the key stays, and the bytes
+    /// already written are released; where `reader` stands within the
+    /// record is then unspecified.
+    pub fn insert_record_from<R: Read + ?Sized>(&self, key: K, reader: &mut R) -> Result<()> {
+        let inner = self.inner();
+        match inner.store.write_streamed(&key, reader)? {
+            Streamed::Whole { loc, weight, len } => {
+                inner.install(key, loc, weight, len);
+                Ok(())
+            }
+            Streamed::Refused { loc, error } => {
+                let after = After {
+                    release: Some(loc),
+                    ..After::default()
+                };
+                inner.act(inner.shard_of(&key), after);
+                Err(error)
+            }
+        }
     }
 }
 
@@ -228,13 +268,20 @@ impl<K: Key, V: Spill> Inner<K, V> {
         let received = open_received(rec).map_err(|d| corrupt(&key, d))?;
         received.check_payload().map_err(|d| corrupt(&key, d))?;
         let loc = self.store.write_received(&key, &received)?;
+        self.install(key, loc, received.weight, rec.len() as u64);
+        Ok(())
+    }
+
+    /// Make the record just written at `loc` (`len` bytes received) the
+    /// entry of `key`, on disk, replacing any other.
+    fn install(&self, key: K, loc: DiskLoc, weight: usize, len: u64) {
         let version = self.next_version.fetch_add(1, Relaxed);
         let s = self.shard_of(&key);
         let (after, read) = self.with_shard(s, |shard| {
-            shard.insert_received(key.clone(), loc, received.weight, version)
+            shard.insert_received(key.clone(), loc, weight, version)
         });
         Metrics::add(&self.metrics.records_received, 1);
-        Metrics::add(&self.metrics.records_received_bytes, rec.len() as u64);
+        Metrics::add(&self.metrics.records_received_bytes, len);
         self.act(s, after);
         if read {
             self.start_read(key, version, loc);
@@ -242,7 +289,6 @@ impl<K: Key, V: Spill> Inner<K, V> {
         // A replaced value in memory is gone.
         self.wake_mem_waiters();
         self.queue_compactions();
-        Ok(())
     }
 }
 
