@@ -602,3 +602,39 @@ fn a_streamed_record_over_the_disk_budget_is_refused_before_it_is_read() {
     assert!(!b.contains_key(&1));
     b.validate().unwrap();
 }
+
+#[test]
+fn transfer_calls_start_their_work_when_called() {
+    let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (
+        buffer(ta.path(), Compression::Lz4),
+        buffer(tb.path(), Compression::Lz4),
+    );
+    a.insert(1, value(1, 5000)).unwrap();
+    a.evict(1 << 30);
+    a.flush_blocking().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    // Never polled: the read happens anyway.
+    drop(a.record(&1));
+    a.flush_blocking().unwrap();
+    assert_eq!(a.stats().records_sent_total, 1);
+    // Several in flight, awaited in order later, none spawned.
+    let pending: Vec<_> = (0..3).map(|_| a.record(&1)).collect();
+    let records: Vec<Record> = pending
+        .into_iter()
+        .map(|f| rt.block_on(f).unwrap().unwrap())
+        .collect();
+    // An insert whose future is dropped unpolled still happens; an
+    // invalid one is refused at the call.
+    let refused = b.insert_record(8, Record::from_vec(vec![1, 2, 3]));
+    for (k, rec) in (5..).zip(records) {
+        drop(b.insert_record(k, rec));
+    }
+    b.flush_blocking().unwrap();
+    assert_eq!(b.len(), 3);
+    assert_eq!(*b.get(&7).unwrap().unwrap(), value(1, 5000));
+    assert_corrupt(&rt.block_on(refused).unwrap_err(), 8);
+    b.validate().unwrap();
+}

@@ -20,6 +20,7 @@ use crate::store::transfer::{open_received, transfer_path, Encoded, Streamed};
 use crate::store::DiskLoc;
 use crate::value::Spill;
 use std::borrow::Borrow;
+use std::future::Future;
 use std::hash::Hash;
 use std::io::Read;
 use std::sync::atomic::Ordering::Relaxed;
@@ -46,24 +47,40 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
     /// meanwhile the new value's record. Counted in
     /// [`Stats::records_sent_total`](crate::Stats::records_sent_total).
     ///
+    /// The read is queued when this is called, not when the future is
+    /// first polled, and the future borrows nothing: a sender can ask for
+    /// the next few records and await them in order while it writes the
+    /// first, without spawning a task for each (`examples/transfer.rs`).
+    /// Dropping the future does not cancel the read; the record is
+    /// dropped once read.
+    ///
     /// # Errors
     ///
     /// [`Error::Io`] if the record cannot be read, [`Error::Corrupt`]
     /// (naming the key and file) if its header is damaged, and
     /// [`Error::Encode`] if a value in memory fails to encode.
-    pub async fn record<Q>(&self, key: &Q) -> Result<Option<Record>>
+    pub fn record<Q>(
+        &self,
+        key: &Q,
+    ) -> impl Future<Output = Result<Option<Record>>> + Send + 'static + use<K, V, Q>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let Some(key) = self.inner().key_of(key) else {
-            return Ok(None);
-        };
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.inner().submit(Priority::Demand, move |me| {
-            let _ = tx.send(me.record_of(&key));
+        // The job is queued here, at the call: see the type's docs.
+        let rx = self.inner().key_of(key).map(|key| {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            self.inner().submit(Priority::Demand, move |me| {
+                let _ = tx.send(me.record_of(&key));
+            });
+            rx
         });
-        rx.await.unwrap_or(Err(Error::Closed))
+        async move {
+            match rx {
+                Some(rx) => rx.await.unwrap_or(Err(Error::Closed)),
+                None => Ok(None),
+            }
+        }
     }
 
     /// [`SpillBuffer::record`] for blocking callers: the record is read
@@ -91,8 +108,10 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
     /// [`Stats::memory_bytes`](crate::Stats::memory_bytes) (as detached).
     ///
     /// The memory target counts the value, once read back, at the weight
-    /// the sending buffer gave it. Dropping the future does not cancel the
-    /// insert.
+    /// the sending buffer gave it. The record is checked and its write
+    /// queued when this is called, not when the future is first polled;
+    /// the future only waits for the outcome, borrows nothing, and
+    /// dropping it (polled or not) does not cancel the insert.
     ///
     /// # Errors
     ///
@@ -102,20 +121,27 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
     /// checksum, before anything is written). [`Error::DiskBudget`],
     /// [`Error::DiskFull`] or [`Error::Io`] if the write fails. On error
     /// nothing is inserted and any old value of the key stays.
-    pub async fn insert_record(&self, key: K, record: Record) -> Result<()> {
+    pub fn insert_record(
+        &self,
+        key: K,
+        record: Record,
+    ) -> impl Future<Output = Result<()>> + Send + 'static + use<K, V> {
         let inner = &self.handle.inner;
-        if let Err(detail) = open_received(&record) {
-            return Err(corrupt(&key, detail));
-        }
-        let held = Held::new(Arc::clone(inner), record.len());
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        inner.submit(Priority::Spill, move |me| {
-            let res = me.receive(key, &record);
-            drop(record);
-            drop(held);
-            let _ = tx.send(res);
-        });
-        rx.await.unwrap_or(Err(Error::Closed))
+        let queued = match open_received(&record) {
+            Err(detail) => Err(corrupt(&key, detail)),
+            Ok(_) => {
+                let held = Held::new(Arc::clone(inner), record.len());
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                inner.submit(Priority::Spill, move |me| {
+                    let res = me.receive(key, &record);
+                    drop(record);
+                    drop(held);
+                    let _ = tx.send(res);
+                });
+                Ok(rx)
+            }
+        };
+        async move { queued?.await.unwrap_or(Err(Error::Closed)) }
     }
 
     /// [`SpillBuffer::insert_record`] for blocking callers: the record is
