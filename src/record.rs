@@ -19,7 +19,7 @@
 //!     28    4 crc32 of header bytes 0..28 (u32 LE)
 //! ```
 
-use crate::store::{record::HEADER as RECORD_HEADER, spare};
+use crate::store::spare;
 use std::fmt;
 use std::io::{self, Read, Write};
 
@@ -31,10 +31,6 @@ const VERSION: u8 = 1;
 /// A weight above this is refused: no value is that large, and the gauges
 /// add weights as signed numbers.
 pub(crate) const MAX_WEIGHT: u64 = 1 << 48;
-/// [`Record::read_from`] reads in pieces of this size and checksums each
-/// while it is still in the core's cache: a second pass over a record
-/// larger than the cache would read it all from memory again.
-const READ_PIECE: usize = 1 << 20;
 
 /// A key's stored record as bytes, ready to be written to a socket or a
 /// file and inserted into another buffer with
@@ -61,12 +57,6 @@ pub struct Record {
     head: [u8; 2 * FRAME],
     head_len: u8,
     body: Body,
-    /// The crc32 of the payload (the bytes after both headers), computed
-    /// by [`Record::read_from`] as they came in; `None` when not known.
-    /// The bytes cannot change while the record holds them, so the
-    /// receiver checks this against the record header instead of reading
-    /// every byte again.
-    payload_crc: Option<u32>,
 }
 
 enum Body {
@@ -96,7 +86,6 @@ impl Record {
             head,
             head_len: FRAME as u8,
             body: Body::Bytes(record),
-            payload_crc: None,
         }
     }
 
@@ -115,7 +104,6 @@ impl Record {
             head,
             head_len: (2 * FRAME) as u8,
             body: Body::Value(value),
-            payload_crc: None,
         }
     }
 
@@ -127,7 +115,6 @@ impl Record {
             head: [0u8; 2 * FRAME],
             head_len: 0,
             body: Body::Bytes(bytes),
-            payload_crc: None,
         }
     }
 
@@ -154,10 +141,6 @@ impl Record {
     /// the length it announces. The reader may go on with whatever
     /// follows (several records back to back on one socket).
     ///
-    /// The payload's checksum is computed here, piece by piece as the
-    /// bytes arrive, and checked by `insert_record` against the record's
-    /// header: the receiving buffer then need not read the bytes again.
-    ///
     /// # Errors
     ///
     /// `InvalidData` if the header is not a valid frame header;
@@ -169,27 +152,8 @@ impl Record {
         let len = Record::expected_len(&head)?;
         let mut bytes = spare::take(len);
         bytes[..FRAME].copy_from_slice(&head);
-        // The payload starts after the record header (`expected_len`
-        // vouches for at least that many bytes).
-        let payload = FRAME + RECORD_HEADER;
-        let mut crc = crc32fast::Hasher::new();
-        let mut at = FRAME;
-        while at < len {
-            let end = len.min(at + READ_PIECE);
-            reader.read_exact(&mut bytes[at..end])?;
-            if end > payload {
-                crc.update(&bytes[at.max(payload)..end]);
-            }
-            at = end;
-        }
-        let mut rec = Record::from_vec(bytes);
-        rec.payload_crc = Some(crc.finalize());
-        Ok(rec)
-    }
-
-    /// The payload's crc32 if it was computed as the bytes were read.
-    pub(crate) fn payload_crc(&self) -> Option<u32> {
-        self.payload_crc
+        reader.read_exact(&mut bytes[FRAME..])?;
+        Ok(Record::from_vec(bytes))
     }
 
     /// The bytes, in order, as (at most) two pieces; the second may be

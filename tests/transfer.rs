@@ -426,16 +426,16 @@ fn records_stream_back_to_back() {
     b.validate().unwrap();
 }
 
-/// `read_from` checksums the payload as it reads: a bit flipped anywhere
-/// on the wire, in any of the pieces it reads, is still refused.
+/// A record read off a stream with `read_from`: a bit flipped anywhere on
+/// the wire is refused by either insert.
 #[test]
-fn damaged_streams_read_piece_by_piece_are_refused() {
+fn damaged_records_read_off_a_stream_are_refused() {
     let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (a, b) = (
         buffer(ta.path(), Compression::Lz4),
         buffer(tb.path(), Compression::Lz4),
     );
-    // Incompressible and larger than several of read_from's pieces.
+    // Incompressible: stored, and sent, raw.
     a.insert(1, value(1, 5 << 19)).unwrap();
     a.evict(1 << 30);
     a.flush_blocking().unwrap();

@@ -36,8 +36,6 @@ pub(crate) struct Received<'a> {
     pub weight: usize,
     head: [u8; record::HEADER],
     payload: [&'a [u8]; 2],
-    /// The payload's crc32, if the record computed it as it was read.
-    payload_crc: Option<u32>,
 }
 
 /// What [`Store::write_streamed`] made of a record read from a stream.
@@ -90,22 +88,17 @@ pub(crate) fn open_received(rec: &Record) -> std::result::Result<Received<'_>, S
         weight: usize::try_from(weight).map_err(|_| "weight too large for this machine")?,
         head,
         payload,
-        payload_crc: rec.payload_crc(),
     })
 }
 
 impl Received<'_> {
-    /// Check the payload against the record header's checksum: the one
-    /// computed as the record was read, else a pass over the bytes.
+    /// Check the payload against the record header's checksum.
     pub(crate) fn check_payload(&self) -> std::result::Result<(), String> {
-        let got = self.payload_crc.unwrap_or_else(|| {
-            let mut crc = crc32fast::Hasher::new();
-            for p in self.payload {
-                crc.update(p);
-            }
-            crc.finalize()
-        });
-        if got != record::payload_crc(&self.head) {
+        let mut crc = crc32fast::Hasher::new();
+        for p in self.payload {
+            crc.update(p);
+        }
+        if crc.finalize() != record::payload_crc(&self.head) {
             return Err("payload checksum mismatch".into());
         }
         Ok(())
