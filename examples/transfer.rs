@@ -17,8 +17,10 @@
 //! reading the socket into one reused buffer and writing a file. Both run
 //! over loopback in the same process and directory; it prints the medians,
 //! their ratio and one JSON line. `--blocking` uses `record_blocking` and
-//! `insert_record_blocking` on the two socket threads, one record at a
-//! time, instead of the async calls with `--window` of them in flight.
+//! `insert_record_from` (the record goes from the socket to disk a piece
+//! at a time) on the two socket threads, one record at a time, instead of
+//! the async calls `record` and `insert_record` with `--window` of them
+//! in flight.
 
 use spillbuffer::{Record, SpillBuffer};
 use std::collections::VecDeque;
