@@ -17,8 +17,10 @@
 //! reading the socket into one reused buffer and writing a file. Both run
 //! over loopback in the same process and directory; it prints the medians,
 //! their ratio and one JSON line. `--blocking` uses `record_blocking` and
-//! `insert_record_blocking` on the two socket threads, one record at a
-//! time, instead of the async calls with `--window` of them in flight.
+//! `insert_record_from` (the record goes from the socket to disk a piece
+//! at a time) on the two socket threads, one record at a time, instead of
+//! the async calls `record` and `insert_record` with `--window` of them
+//! in flight.
 
 use spillbuffer::{Record, SpillBuffer};
 use std::collections::VecDeque;
@@ -136,18 +138,14 @@ fn send(rt: &tokio::runtime::Runtime, a: &Buf, o: &Opts, sock: TcpStream) -> u64
             next += 1;
             continue;
         }
+        // Each read starts when `record` is called: `window` of them are
+        // under way while the oldest is awaited and written.
         while next < keys && ahead.len() < window {
-            let a = a.clone();
-            let k = next;
-            ahead.push_back((k, rt.spawn(async move { a.record(&k).await })));
+            ahead.push_back((next, a.record(&next)));
             next += 1;
         }
-        let (k, job) = ahead.pop_front().expect("one ahead");
-        let rec = rt
-            .block_on(job)
-            .expect("join")
-            .expect("record")
-            .expect("key present");
+        let (k, rec) = ahead.pop_front().expect("one ahead");
+        let rec = rt.block_on(rec).expect("record").expect("key present");
         sent += put(&mut sock, k, &rec);
     }
     sock.write_all(&END.to_le_bytes()).expect("send end");
@@ -177,20 +175,23 @@ fn receive(rt: &tokio::runtime::Runtime, b: &Buf, o: &Opts, sock: TcpStream) {
         if key == END {
             break;
         }
-        let rec = Record::read_from(&mut sock).expect("read record");
         if blocking {
-            b.insert_record_blocking(key, rec).expect("insert_record");
+            // Straight from the socket to disk, a piece at a time.
+            b.insert_record_from(key, &mut sock)
+                .expect("insert_record_from");
             continue;
         }
-        let b = b.clone();
-        inflight.push_back(rt.spawn(async move { b.insert_record(key, rec).await }));
+        let rec = Record::read_from(&mut sock).expect("read record");
+        // The write is queued when `insert_record` is called; its outcome
+        // is awaited once `window` of them are in flight.
+        inflight.push_back(b.insert_record(key, rec));
         if inflight.len() >= window {
-            let job = inflight.pop_front().expect("one in flight");
-            rt.block_on(job).expect("join").expect("insert_record");
+            let done = inflight.pop_front().expect("one in flight");
+            rt.block_on(done).expect("insert_record");
         }
     }
-    for job in inflight {
-        rt.block_on(job).expect("join").expect("insert_record");
+    for done in inflight {
+        rt.block_on(done).expect("insert_record");
     }
 }
 

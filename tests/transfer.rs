@@ -425,3 +425,216 @@ fn records_stream_back_to_back() {
     assert!(a.record_blocking(&99).unwrap().is_none());
     b.validate().unwrap();
 }
+
+/// A record read off a stream with `read_from`: a bit flipped anywhere on
+/// the wire is refused by either insert.
+#[test]
+fn damaged_records_read_off_a_stream_are_refused() {
+    let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (
+        buffer(ta.path(), Compression::Lz4),
+        buffer(tb.path(), Compression::Lz4),
+    );
+    // Incompressible: stored, and sent, raw.
+    a.insert(1, value(1, 5 << 19)).unwrap();
+    a.evict(1 << 30);
+    a.flush_blocking().unwrap();
+    let good = a.record_blocking(&1).unwrap().unwrap().into_vec();
+    let read = |bytes: &[u8]| Record::read_from(&mut &bytes[..]).unwrap();
+    for at in [64, 65, 300 << 10, 3 << 19, good.len() - 1] {
+        let mut bad = good.clone();
+        bad[at] ^= 0x01;
+        let e = b
+            .insert_record_blocking(7, read(&bad))
+            .expect_err("flipped");
+        assert_corrupt(&e, 7);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let e = rt
+            .block_on(b.insert_record(7, read(&bad)))
+            .expect_err("flipped");
+        assert_corrupt(&e, 7);
+    }
+    assert!(!b.contains_key(&7));
+    b.insert_record_blocking(7, read(&good)).unwrap();
+    assert_eq!(*b.get(&7).unwrap().unwrap(), value(1, 5 << 19));
+    b.validate().unwrap();
+}
+
+/// Records of every shape, in memory and on disk, as one byte stream.
+fn wire_of(a: &Buf) -> Vec<u8> {
+    let mut wire = Vec::new();
+    for (k, _) in values() {
+        a.record_blocking(&k)
+            .unwrap()
+            .unwrap()
+            .write_to(&mut wire)
+            .unwrap();
+    }
+    wire
+}
+
+#[test]
+fn records_stream_from_a_reader_straight_to_disk() {
+    for compression in [Compression::Lz4, Compression::None] {
+        let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (a, b) = (
+            buffer(ta.path(), compression),
+            buffer(tb.path(), Compression::None),
+        );
+        for (k, v) in values() {
+            a.insert(k, v).unwrap();
+            if k % 2 == 0 {
+                a.evict(1 << 30);
+                a.flush_blocking().unwrap();
+            }
+        }
+        let wire = wire_of(&a);
+        // Read in small bits, as a socket may hand them over.
+        let mut reader = std::io::BufReader::with_capacity(1000, wire.as_slice());
+        for (k, _) in values() {
+            b.insert_record_from(k, &mut reader).unwrap();
+        }
+        assert!(std::io::BufRead::fill_buf(&mut reader).unwrap().is_empty());
+        let s = b.stats();
+        assert_eq!(s.disk_count, 5, "{s:?}");
+        assert_eq!(s.memory_bytes, 0, "nothing decoded on receipt: {s:?}");
+        assert_eq!(s.records_received_total, 5, "{s:?}");
+        assert_eq!(s.records_received_bytes_total, wire.len() as u64, "{s:?}");
+        b.validate().unwrap();
+        for (k, v) in values() {
+            assert_eq!(*b.get(&k).unwrap().unwrap(), v, "key {k}");
+        }
+        b.validate().unwrap();
+    }
+}
+
+/// A reader that fails with an error of its own after `left` bytes.
+struct Failing<'a> {
+    bytes: &'a [u8],
+    left: usize,
+}
+
+impl std::io::Read for Failing<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.left == 0 {
+            return Err(std::io::Error::other("connection reset"));
+        }
+        let n = buf.len().min(self.left).min(self.bytes.len());
+        buf[..n].copy_from_slice(&self.bytes[..n]);
+        self.bytes = &self.bytes[n..];
+        self.left -= n;
+        Ok(n)
+    }
+}
+
+#[test]
+fn damaged_or_broken_streams_insert_nothing_and_keep_the_old_value() {
+    let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (
+        buffer(ta.path(), Compression::Lz4),
+        buffer(tb.path(), Compression::Lz4),
+    );
+    // Larger than several of the pieces a stream is written in.
+    a.insert(1, value(1, 5 << 19)).unwrap();
+    a.evict(1 << 30);
+    a.flush_blocking().unwrap();
+    let good = a.record_blocking(&1).unwrap().unwrap().into_vec();
+    b.insert(7, value(70, 100)).unwrap();
+    let mut bad: Vec<(String, Vec<u8>)> = Vec::new();
+    for cut in [0, 31, 32, 63, 64, 300 << 10, 3 << 19, good.len() - 1] {
+        bad.push((format!("cut at {cut}"), good[..cut].to_vec()));
+    }
+    for at in [10, 40, 64, 300 << 10, 3 << 19, good.len() - 1] {
+        let mut v = good.clone();
+        v[at] ^= 0x10;
+        bad.push((format!("bit flipped at {at}"), v));
+    }
+    for (what, bytes) in &bad {
+        let e = b
+            .insert_record_from(7, &mut bytes.as_slice())
+            .expect_err(what);
+        assert_corrupt(&e, 7);
+    }
+    // The reader's own failure, before and after the write began.
+    for left in [10, 3 << 19] {
+        let e = b
+            .insert_record_from(7, &mut Failing { bytes: &good, left })
+            .expect_err("reader failed");
+        assert!(matches!(e, Error::Io { .. }), "{e}");
+        assert!(e.to_string().contains("connection reset"), "{e}");
+    }
+    assert_eq!(
+        *b.get(&7).unwrap().unwrap(),
+        value(70, 100),
+        "old value kept"
+    );
+    b.flush_blocking().unwrap();
+    let s = b.stats();
+    assert_eq!(
+        (s.disk_count, s.disk_bytes),
+        (0, 0),
+        "bytes released: {s:?}"
+    );
+    assert_eq!(s.records_received_total, 0, "{s:?}");
+    b.validate().unwrap();
+    // The same buffer takes the good stream afterwards.
+    b.insert_record_from(7, &mut good.as_slice()).unwrap();
+    assert_eq!(*b.get(&7).unwrap().unwrap(), value(1, 5 << 19));
+    b.validate().unwrap();
+}
+
+#[test]
+fn a_streamed_record_over_the_disk_budget_is_refused_before_it_is_read() {
+    let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = buffer(ta.path(), Compression::None);
+    let b: Buf = SpillBuffer::builder(tb.path())
+        .max_spill(1000)
+        .build()
+        .unwrap();
+    a.insert(1, value(1, 5000)).unwrap();
+    let wire = a.record_blocking(&1).unwrap().unwrap().into_vec();
+    let mut reader = wire.as_slice();
+    let e = b.insert_record_from(1, &mut reader).unwrap_err();
+    assert!(matches!(e, Error::DiskBudget { .. }), "{e}");
+    assert_eq!(reader.len(), wire.len() - 64, "only the headers were read");
+    assert!(!b.contains_key(&1));
+    b.validate().unwrap();
+}
+
+#[test]
+fn transfer_calls_start_their_work_when_called() {
+    let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (
+        buffer(ta.path(), Compression::Lz4),
+        buffer(tb.path(), Compression::Lz4),
+    );
+    a.insert(1, value(1, 5000)).unwrap();
+    a.evict(1 << 30);
+    a.flush_blocking().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    // Never polled: the read happens anyway.
+    drop(a.record(&1));
+    a.flush_blocking().unwrap();
+    assert_eq!(a.stats().records_sent_total, 1);
+    // Several in flight, awaited in order later, none spawned.
+    let pending: Vec<_> = (0..3).map(|_| a.record(&1)).collect();
+    let records: Vec<Record> = pending
+        .into_iter()
+        .map(|f| rt.block_on(f).unwrap().unwrap())
+        .collect();
+    // An insert whose future is dropped unpolled still happens; an
+    // invalid one is refused at the call.
+    let refused = b.insert_record(8, Record::from_vec(vec![1, 2, 3]));
+    for (k, rec) in (5..).zip(records) {
+        drop(b.insert_record(k, rec));
+    }
+    b.flush_blocking().unwrap();
+    assert_eq!(b.len(), 3);
+    assert_eq!(*b.get(&7).unwrap().unwrap(), value(1, 5000));
+    assert_corrupt(&rt.block_on(refused).unwrap_err(), 8);
+    b.validate().unwrap();
+}

@@ -1,6 +1,7 @@
 //! Transfers without decoding: a key's record handed out as bytes
 //! ([`SpillBuffer::record`]) and such bytes inserted as a key's record
-//! ([`SpillBuffer::insert_record`]). The store reads, encodes and writes
+//! ([`SpillBuffer::insert_record`], or straight from a reader with
+//! [`SpillBuffer::insert_record_from`]). The store reads, encodes and writes
 //! the records (`store::transfer`); this module picks the source of a
 //! key's record, makes sure the bytes read were still that key's, and
 //! installs a received record as an on-disk entry.
@@ -9,16 +10,19 @@ use super::entry::Delta;
 use super::inner::Inner;
 use super::pinned::Pinned;
 use super::read::Lookup;
+use super::shard::After;
 use super::{Key, SpillBuffer};
 use crate::error::{Error, Result};
 use crate::io::Priority;
 use crate::metrics::Metrics;
 use crate::record::{Encoding, Record};
-use crate::store::transfer::{open_received, transfer_path, Encoded};
+use crate::store::transfer::{open_received, transfer_path, Encoded, Streamed};
 use crate::store::DiskLoc;
 use crate::value::Spill;
 use std::borrow::Borrow;
+use std::future::Future;
 use std::hash::Hash;
+use std::io::Read;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
@@ -43,24 +47,40 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
     /// meanwhile the new value's record. Counted in
     /// [`Stats::records_sent_total`](crate::Stats::records_sent_total).
     ///
+    /// The read is queued when this is called, not when the future is
+    /// first polled, and the future borrows nothing: a sender can ask for
+    /// the next few records and await them in order while it writes the
+    /// first, without spawning a task for each (`examples/transfer.rs`).
+    /// Dropping the future does not cancel the read; the record is
+    /// dropped once read.
+    ///
     /// # Errors
     ///
     /// [`Error::Io`] if the record cannot be read, [`Error::Corrupt`]
     /// (naming the key and file) if its header is damaged, and
     /// [`Error::Encode`] if a value in memory fails to encode.
-    pub async fn record<Q>(&self, key: &Q) -> Result<Option<Record>>
+    pub fn record<Q>(
+        &self,
+        key: &Q,
+    ) -> impl Future<Output = Result<Option<Record>>> + Send + 'static + use<K, V, Q>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let Some(key) = self.inner().key_of(key) else {
-            return Ok(None);
-        };
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.inner().submit(Priority::Demand, move |me| {
-            let _ = tx.send(me.record_of(&key));
+        // The job is queued here, at the call: see the type's docs.
+        let rx = self.inner().key_of(key).map(|key| {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            self.inner().submit(Priority::Demand, move |me| {
+                let _ = tx.send(me.record_of(&key));
+            });
+            rx
         });
-        rx.await.unwrap_or(Err(Error::Closed))
+        async move {
+            match rx {
+                Some(rx) => rx.await.unwrap_or(Err(Error::Closed)),
+                None => Ok(None),
+            }
+        }
     }
 
     /// [`SpillBuffer::record`] for blocking callers: the record is read
@@ -88,8 +108,10 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
     /// [`Stats::memory_bytes`](crate::Stats::memory_bytes) (as detached).
     ///
     /// The memory target counts the value, once read back, at the weight
-    /// the sending buffer gave it. Dropping the future does not cancel the
-    /// insert.
+    /// the sending buffer gave it. The record is checked and its write
+    /// queued when this is called, not when the future is first polled;
+    /// the future only waits for the outcome, borrows nothing, and
+    /// dropping it (polled or not) does not cancel the insert.
     ///
     /// # Errors
     ///
@@ -99,26 +121,70 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
     /// checksum, before anything is written). [`Error::DiskBudget`],
     /// [`Error::DiskFull`] or [`Error::Io`] if the write fails. On error
     /// nothing is inserted and any old value of the key stays.
-    pub async fn insert_record(&self, key: K, record: Record) -> Result<()> {
+    pub fn insert_record(
+        &self,
+        key: K,
+        record: Record,
+    ) -> impl Future<Output = Result<()>> + Send + 'static + use<K, V> {
         let inner = &self.handle.inner;
-        if let Err(detail) = open_received(&record) {
-            return Err(corrupt(&key, detail));
-        }
-        let held = Held::new(Arc::clone(inner), record.len());
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        inner.submit(Priority::Spill, move |me| {
-            let res = me.receive(key, &record);
-            drop(record);
-            drop(held);
-            let _ = tx.send(res);
-        });
-        rx.await.unwrap_or(Err(Error::Closed))
+        let queued = match open_received(&record) {
+            Err(detail) => Err(corrupt(&key, detail)),
+            Ok(_) => {
+                let held = Held::new(Arc::clone(inner), record.len());
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                inner.submit(Priority::Spill, move |me| {
+                    let res = me.receive(key, &record);
+                    drop(record);
+                    drop(held);
+                    let _ = tx.send(res);
+                });
+                Ok(rx)
+            }
+        };
+        async move { queued?.await.unwrap_or(Err(Error::Closed)) }
     }
 
     /// [`SpillBuffer::insert_record`] for blocking callers: the record is
     /// checked and written on this thread.
     pub fn insert_record_blocking(&self, key: K, record: Record) -> Result<()> {
         self.inner().receive(key, &record)
+    }
+
+    /// Read one record from `reader` (a socket, a file: the bytes a
+    /// [`Record`] writes, frame header first) and insert it as `key`'s
+    /// value, as [`SpillBuffer::insert_record_blocking`] would, without
+    /// holding the whole record in memory: each piece that arrives is
+    /// checksummed and written to disk while it is still in the cache, so
+    /// the bytes pass through memory once on their way from the socket to
+    /// the file. For blocking callers: the reads and writes run on this
+    /// thread. The reader may go on with whatever follows the record.
+    ///
+    /// # Errors
+    ///
+    /// As [`SpillBuffer::insert_record`]: [`Error::Corrupt`], naming the
+    /// key, if the bytes are not a whole record of this format version
+    /// (a damaged header or payload, a stream that ends inside the
+    /// record); [`Error::Io`] if `reader` fails; [`Error::DiskBudget`],
+    /// [`Error::DiskFull`] or [`Error::Io`] if the write fails. On error
+    /// nothing is inserted, any old value of the key stays, and the bytes
+    /// already written are released; where `reader` stands within the
+    /// record is then unspecified.
+    pub fn insert_record_from<R: Read + ?Sized>(&self, key: K, reader: &mut R) -> Result<()> {
+        let inner = self.inner();
+        match inner.store.write_streamed(&key, reader)? {
+            Streamed::Whole { loc, weight, len } => {
+                inner.install(key, loc, weight, len);
+                Ok(())
+            }
+            Streamed::Refused { loc, error } => {
+                let after = After {
+                    release: Some(loc),
+                    ..After::default()
+                };
+                inner.act(inner.shard_of(&key), after);
+                Err(error)
+            }
+        }
     }
 }
 
@@ -228,13 +294,20 @@ impl<K: Key, V: Spill> Inner<K, V> {
         let received = open_received(rec).map_err(|d| corrupt(&key, d))?;
         received.check_payload().map_err(|d| corrupt(&key, d))?;
         let loc = self.store.write_received(&key, &received)?;
+        self.install(key, loc, received.weight, rec.len() as u64);
+        Ok(())
+    }
+
+    /// Make the record just written at `loc` (`len` bytes received) the
+    /// entry of `key`, on disk, replacing any other.
+    fn install(&self, key: K, loc: DiskLoc, weight: usize, len: u64) {
         let version = self.next_version.fetch_add(1, Relaxed);
         let s = self.shard_of(&key);
         let (after, read) = self.with_shard(s, |shard| {
-            shard.insert_received(key.clone(), loc, received.weight, version)
+            shard.insert_received(key.clone(), loc, weight, version)
         });
         Metrics::add(&self.metrics.records_received, 1);
-        Metrics::add(&self.metrics.records_received_bytes, rec.len() as u64);
+        Metrics::add(&self.metrics.records_received_bytes, len);
         self.act(s, after);
         if read {
             self.start_read(key, version, loc);
@@ -242,7 +315,6 @@ impl<K: Key, V: Spill> Inner<K, V> {
         // A replaced value in memory is gone.
         self.wake_mem_waiters();
         self.queue_compactions();
-        Ok(())
     }
 }
 

@@ -18,19 +18,26 @@ const KEEP_MIN: usize = 64 << 10;
 const KEEP_EACH: usize = 16 << 20;
 /// Bytes of spare buffers kept at most.
 const KEEP_TOTAL: usize = 32 << 20;
+/// A new buffer's capacity is rounded up to a multiple of this, so that
+/// records of one value size fit each other's buffers whatever their
+/// headers add: a record read to be sent is a frame header shorter than
+/// the same record received.
+const GRAIN: usize = 64 << 10;
 
 static SPARE: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
 
 /// A buffer of exactly `len` initialised bytes (contents unspecified): a
-/// spare one if one is large enough, else a new one.
+/// spare one if one is large enough, else a new one. Of the spare ones,
+/// the one given back last: the most likely to be still in a cache.
 pub(crate) fn take(len: usize) -> Vec<u8> {
-    let spare = if len >= KEEP_MIN / 2 {
+    if len < KEEP_MIN / 2 {
+        return vec![0u8; len];
+    }
+    let spare = {
         let mut g = SPARE.lock().unwrap_or_else(|e| e.into_inner());
         g.iter()
-            .position(|b| b.capacity() >= len)
-            .map(|i| g.swap_remove(i))
-    } else {
-        None
+            .rposition(|b| b.capacity() >= len)
+            .map(|i| g.remove(i))
     };
     match spare {
         Some(mut buf) => {
@@ -39,7 +46,13 @@ pub(crate) fn take(len: usize) -> Vec<u8> {
             fit(&mut buf, len);
             buf
         }
-        None => vec![0u8; len],
+        None => {
+            // Zeroed by the allocator (fresh pages come zeroed: no
+            // pass over them here), then cut to the length asked.
+            let mut buf = vec![0u8; len.div_ceil(GRAIN).saturating_mul(GRAIN)];
+            buf.truncate(len);
+            buf
+        }
     }
 }
 
@@ -74,6 +87,18 @@ mod tests {
         let again = take(512 << 10);
         assert_eq!(again.len(), 512 << 10);
         give(again);
+        // Records of one size, one with a frame header more than the
+        // other, share buffers. (An odd size: no other test's buffer has
+        // a capacity just above it.)
+        let sent = take((3 << 20) + 39);
+        assert!(
+            sent.capacity() >= (3 << 20) + 39 + 32,
+            "{}",
+            sent.capacity()
+        );
+        give(sent);
+        let received = take((3 << 20) + 39 + 32);
+        assert_eq!(received.len(), (3 << 20) + 39 + 32);
         for _ in 0..64 {
             give(vec![0u8; 1 << 20]);
         }
