@@ -296,21 +296,50 @@ def report(rows: list[dict]) -> None:
             lines.append(f"| {r} | {kind} | " + " | ".join(str(f[c]) for c in cols) + " |")
     print("\n".join(lines))
     print()
-    print("| target | per round | median |")
-    print("|---|---|---|")
+    print("| figure | per round | median | whole run |")
+    print("|---|---|---|---|")
+
+    def ratio(col):
+        # None when stock has nothing to compare with (e.g. no gap at all).
+        return lambda st, sb: sb[col] / st[col] if st[col] else None
+
+    def of_sums(col):
+        def whole(pairs):
+            st = sum(p[0][col] for p in pairs)
+            return sum(p[1][col] for p in pairs) / st if st else None
+
+        return whole
+
+    def most(col, side):
+        return lambda pairs: max(p[side][col] for p in pairs)
+
+    def total(col, side):
+        return lambda pairs: sum(p[side][col] for p in pairs)
+
     checks = [
         ("loop time lost in gaps > 100 ms, spillbuffer / stock (per worker, both phases; target <= 0.10)",
-         lambda st, sb: sb["loop_lost_s"] / st["loop_lost_s"]),
-        ("longest gap, spillbuffer (s; target <= 0.150)", lambda st, sb: sb["longest_s"]),
-        ("reduce wall, spillbuffer / stock (target <= 0.7)", lambda st, sb: sb["reduce_s"] / st["reduce_s"]),
-        ("total wall, spillbuffer / stock (target <= 1)", lambda st, sb: sb["total_s"] / st["total_s"]),
-        ("mean process memory, spillbuffer / stock (target <= 1)", lambda st, sb: sb["mean_mib"] / st["mean_mib"]),
-        ("bytes written more than once, spillbuffer (MiB; target 0)", lambda st, sb: sb["again_mib"]),
-        ("bytes written more than once, stock (MiB)", lambda st, sb: st["again_mib"]),
+         ratio("loop_lost_s"), of_sums("loop_lost_s")),
+        ("longest gap, spillbuffer (s; target <= 0.150)", lambda st, sb: sb["longest_s"], most("longest_s", 1)),
+        ("longest gap, stock (s)", lambda st, sb: st["longest_s"], most("longest_s", 0)),
+        ("reduce wall, spillbuffer / stock (target <= 0.7)", ratio("reduce_s"), of_sums("reduce_s")),
+        ("total wall, spillbuffer / stock (target <= 1)", ratio("total_s"), of_sums("total_s")),
+        ("mean process memory, spillbuffer / stock (target <= 1)", ratio("mean_mib"), of_sums("mean_mib")),
+        ("bytes written more than once, spillbuffer (MiB; target 0)", lambda st, sb: sb["again_mib"],
+         total("again_mib", 1)),
+        ("bytes written more than once, stock (MiB)", lambda st, sb: st["again_mib"], total("again_mib", 0)),
     ]
-    for name, f in checks:
+
+    def fmt(v):
+        return "–" if v is None else f"{v:.3g}"
+
+    for name, f, whole in checks:
         vals = [f(st, sb) for st, sb in per_round]
-        print(f"| {name} | " + ", ".join(f"{v:.3g}" for v in vals) + f" | {statistics.median(vals):.3g} |")
+        known = [v for v in vals if v is not None]
+        med = statistics.median(known) if known else None
+        print(f"| {name} | " + ", ".join(fmt(v) for v in vals) + f" | {fmt(med)} | {fmt(whole(per_round))} |")
+    print()
+    print("(– : stock had none, so no ratio; whole run: ratio of the sums over the rounds,")
+    print(" or the largest / the sum for gaps and bytes)")
 
 
 def main() -> None:
