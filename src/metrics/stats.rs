@@ -73,8 +73,9 @@ pub struct Stats {
     pub records_sent_encoded_total: u64,
     /// Bytes of the records sent, frame headers included.
     pub records_sent_bytes_total: u64,
-    /// Records written by [`crate::SpillBuffer::insert_record`], as they
-    /// came, over the buffer's life.
+    /// Records written as they came by [`crate::SpillBuffer::insert_record`],
+    /// its blocking form or [`crate::SpillBuffer::insert_record_from`],
+    /// over the buffer's life.
     pub records_received_total: u64,
     /// Bytes of the records received, frame headers included.
     pub records_received_bytes_total: u64,
