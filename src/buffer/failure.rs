@@ -68,8 +68,9 @@ pub(crate) enum Admission {
 impl<K: Key, V: Spill> Inner<K, V> {
     /// A write of `key` (at `version`) failed with `err`: count, log and
     /// remember it, and put the value back in memory (set aside if its
-    /// encode failed).
-    pub(crate) fn spill_failed(&self, key: &K, version: u64, err: Error) {
+    /// encode failed). `epoch` is the store's space epoch from before the
+    /// write.
+    pub(crate) fn spill_failed(&self, key: &K, version: u64, err: Error, epoch: u64) {
         Metrics::add(&self.metrics.spill_errors, 1);
         let encode = matches!(err, Error::Encode { .. });
         match &err {
@@ -113,6 +114,14 @@ impl<K: Key, V: Spill> Inner<K, V> {
             shard.spill_failed(key, version, encode, || self.next_tick_synced(s))
         });
         drop(last_holder);
+        // Space came back while this write was failing: whoever took that
+        // news may have found nothing to write (this value was still being
+        // written) and cleared the back-off before this failure set it.
+        // Nothing else would try again until the host acts, so try now.
+        if !encode && self.store.space_epoch() != epoch {
+            self.backoff.success();
+            self.evict_to_target();
+        }
         // Nothing retries the eviction until the host acts again, so with
         // no other write in flight memory will not fall: `stalled` then
         // releases the waiters, and `admission` tells them why.

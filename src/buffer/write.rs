@@ -65,6 +65,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
         let (mut bytes, mut failed) = (0, 0);
         let start = Instant::now();
         let items: Vec<(&K, &V)> = small.iter().map(|j| (&j.key, &*j.value)).collect();
+        let epoch = self.store.space_epoch();
         // Each record's outcome is applied as soon as its write is done,
         // so that memory is freed batch by batch. The jobs' handles on the
         // values go at the end; on the pool a free happens in place anyway.
@@ -74,7 +75,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
                 Err(_) => failed += 1,
             }
             let job = &small[i];
-            self.finish_spill(&job.key, job.version, res);
+            self.finish_spill(&job.key, job.version, res, epoch);
         });
         Metrics::add_time(&self.metrics.spill_nanos, start.elapsed());
         span.record("bytes", bytes);
@@ -92,6 +93,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
         }
         let span = JobSpan::spill(&self.telemetry, &job.key, || job.value.weight());
         let start = Instant::now();
+        let epoch = self.store.space_epoch();
         let res = self.store.put(&job.key, &*job.value);
         Metrics::add_time(&self.metrics.spill_nanos, start.elapsed());
         span.outcome(&res, |&loc| loc, |loc| self.store.path_of(loc));
@@ -103,15 +105,17 @@ impl<K: Key, V: Spill> Inner<K, V> {
         // The job's handle goes first, so that the entry's is the last one
         // when the entry lets the value go.
         drop(value);
-        self.finish_spill(&key, version, res);
+        self.finish_spill(&key, version, res, epoch);
         self.queue_compactions();
     }
 
-    /// Apply a write's outcome to its entry.
-    fn finish_spill(&self, key: &K, version: u64, res: crate::error::Result<DiskLoc>) {
+    /// Apply a write's outcome to its entry. `epoch` is the store's
+    /// [`space_epoch`](crate::store::Store::space_epoch) from before the
+    /// write.
+    fn finish_spill(&self, key: &K, version: u64, res: crate::error::Result<DiskLoc>, epoch: u64) {
         match res {
             Ok(loc) => self.spill_done(key, version, loc),
-            Err(e) => self.spill_failed(key, version, e),
+            Err(e) => self.spill_failed(key, version, e, epoch),
         }
     }
 

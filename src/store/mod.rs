@@ -37,7 +37,10 @@ use std::collections::HashMap;
 use std::fmt::Debug;
 use std::num::NonZeroU64;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64,
+    Ordering::{Relaxed, SeqCst},
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use storage::{SegmentFile, Storage};
@@ -167,6 +170,9 @@ pub(crate) struct Store<K> {
     /// Space came back after a refusal or a full disk (see
     /// [`Store::take_space_returned`]).
     space_returned: AtomicBool,
+    /// How many times space came back (each time `space_returned` was
+    /// set); never reset. See [`Store::space_epoch`].
+    space_epoch: AtomicU64,
     /// The file system punches holes; cleared at the first `Unsupported`.
     punch_ok: AtomicBool,
 }
@@ -196,6 +202,7 @@ impl<K: Clone + Debug> Store<K> {
             refused: AtomicU64::new(0),
             awaiting_space: AtomicU64::new(0),
             space_returned: AtomicBool::new(false),
+            space_epoch: AtomicU64::new(0),
             punch_ok: AtomicBool::new(true),
         }
     }
@@ -269,6 +276,20 @@ impl<K: Clone + Debug> Store<K> {
         self.space_returned.load(Relaxed) && self.space_returned.swap(false, Relaxed)
     }
 
+    /// A count of the times space came back (as `take_space_returned`
+    /// reports it), never reset. A write that failed for lack of space
+    /// compares it with its value from before the write: if it moved, the
+    /// space came back while the write was failing, and whoever took the
+    /// news may have found nothing to write yet.
+    pub(crate) fn space_epoch(&self) -> u64 {
+        self.space_epoch.load(SeqCst)
+    }
+
+    fn note_space_returned(&self) {
+        self.space_returned.store(true, Relaxed);
+        self.space_epoch.fetch_add(1, SeqCst);
+    }
+
     /// `bytes` were freed (a hole punched, a segment deleted), or a write
     /// succeeded (`bytes` 0): a full disk is no longer assumed, and copies
     /// that stopped for lack of space are queued again. The buffer is told
@@ -284,7 +305,7 @@ impl<K: Clone + Debug> Store<K> {
                 (w > 0).then(|| w.saturating_sub(bytes))
             });
             if waiting.is_ok_and(|w| w <= bytes) {
-                self.space_returned.store(true, Relaxed);
+                self.note_space_returned();
             }
         }
         for id in std::mem::take(&mut g.stalled) {
@@ -616,7 +637,7 @@ impl<K: Clone + Debug> Store<K> {
         let refused = self.refused.load(Relaxed);
         if refused != 0 && used.saturating_add(refused) <= self.cfg.max_spill {
             self.refused.store(0, Relaxed);
-            self.space_returned.store(true, Relaxed);
+            self.note_space_returned();
         }
         if seg.is_dead() {
             let seg = g.segs.remove(&loc.seg).expect("segment present");
