@@ -401,10 +401,10 @@ impl<K: Key, V: Spill> Inner<K, V> {
         span.record("retry", done.retry as u64);
         drop(span);
         Metrics::add(&self.metrics.compacted, done.moved);
+        // A pass that must be tried again (a read of a record was in
+        // flight) was queued again by the store, still marked compacting:
+        // `reclaimed` hands it to the pool with any other request.
         self.reclaimed();
-        if done.retry {
-            self.submit(Priority::Background, move |me| me.compact(seg));
-        }
     }
 
     pub(crate) fn set_target(&self, bytes: usize) {

@@ -193,8 +193,16 @@ impl<K: Clone + Debug> Store<K> {
             self.slide(seg, &relocate, &mut out);
             self.punch(seg);
         }
-        if let Some(s) = self.inner.lock().segs.get_mut(&seg) {
-            s.compacting = false;
+        let mut g = self.inner.lock();
+        if let Some(s) = g.segs.get_mut(&seg) {
+            if out.retry {
+                // Still marked compacting, and queued again: a second pass
+                // must not start beside this one (two passes sliding one
+                // file would each write over what the other moved).
+                g.to_compact.push(seg);
+            } else {
+                s.compacting = false;
+            }
         }
         out
     }
