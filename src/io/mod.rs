@@ -289,44 +289,22 @@ fn next_job(rx: &[Receiver<Job>; QUEUES], stop: &Receiver<()>, tick: &MaybeTick)
                 return Some(job);
             }
         }
-        // Every queue was empty: wait for the first job to come, and take
-        // it. A blocking select wakes one idle thread per job; waiting
-        // for readiness alone (`Select::ready`) would wake every idle
-        // thread for each, all but one to find nothing (twice the context
-        // switches of a transfer with two threads, measured).
         let mut sel = Select::new();
         for r in rx {
             sel.recv(r);
         }
         sel.recv(stop);
+        // Only wait for readiness; the loop above then takes the job in
+        // priority order.
         #[cfg(feature = "metrics")]
-        let oper = match tick {
-            Some(t) => match sel.select_timeout(t.idle_wait()) {
-                Ok(oper) => oper,
-                Err(_) => {
-                    run_tick(tick);
-                    continue;
-                }
-            },
-            None => sel.select(),
-        };
-        #[cfg(not(feature = "metrics"))]
-        let oper = {
-            let _ = tick;
-            sel.select()
-        };
-        match rx.get(oper.index()) {
-            Some(r) => {
-                if let Ok(job) = oper.recv(r) {
-                    return Some(job);
-                }
+        if let Some(t) = tick {
+            if sel.ready_timeout(t.idle_wait()).is_err() {
+                run_tick(tick);
             }
-            // Stopping (or a message on the stop channel, which none
-            // sends): the check at the top decides.
-            None => {
-                let _ = oper.recv(stop);
-            }
+            continue;
         }
+        let _ = tick;
+        sel.ready();
     }
 }
 
