@@ -426,20 +426,26 @@ fn records_stream_back_to_back() {
     b.validate().unwrap();
 }
 
-/// A record read off a stream with `read_from`: a bit flipped anywhere on
-/// the wire is refused by either insert.
-#[test]
-fn damaged_records_read_off_a_stream_are_refused() {
+/// A buffer (lz4 allowed) to receive into, in its directory, and a record
+/// sent by another: key 1's 2.5 MiB incompressible value, spilled (so
+/// stored, and sent, raw) and larger than several of the pieces a stream
+/// is written in.
+fn a_buffer_and_a_large_record() -> (tempfile::TempDir, Buf, Vec<u8>) {
     let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (a, b) = (
-        buffer(ta.path(), Compression::Lz4),
-        buffer(tb.path(), Compression::Lz4),
-    );
-    // Incompressible: stored, and sent, raw.
+    let a = buffer(ta.path(), Compression::Lz4);
     a.insert(1, value(1, 5 << 19)).unwrap();
     a.evict(1 << 30);
     a.flush_blocking().unwrap();
     let good = a.record_blocking(&1).unwrap().unwrap().into_vec();
+    let b = buffer(tb.path(), Compression::Lz4);
+    (tb, b, good)
+}
+
+/// A record read off a stream with `read_from`: a bit flipped anywhere on
+/// the wire is refused by either insert.
+#[test]
+fn damaged_records_read_off_a_stream_are_refused() {
+    let (_dir, b, good) = a_buffer_and_a_large_record();
     let read = |bytes: &[u8]| Record::read_from(&mut &bytes[..]).unwrap();
     for at in [64, 65, 300 << 10, 3 << 19, good.len() - 1] {
         let mut bad = good.clone();
@@ -531,16 +537,7 @@ impl std::io::Read for Failing<'_> {
 
 #[test]
 fn damaged_or_broken_streams_insert_nothing_and_keep_the_old_value() {
-    let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (a, b) = (
-        buffer(ta.path(), Compression::Lz4),
-        buffer(tb.path(), Compression::Lz4),
-    );
-    // Larger than several of the pieces a stream is written in.
-    a.insert(1, value(1, 5 << 19)).unwrap();
-    a.evict(1 << 30);
-    a.flush_blocking().unwrap();
-    let good = a.record_blocking(&1).unwrap().unwrap().into_vec();
+    let (_dir, b, good) = a_buffer_and_a_large_record();
     b.insert(7, value(70, 100)).unwrap();
     let mut bad: Vec<(String, Vec<u8>)> = Vec::new();
     for cut in [0, 31, 32, 63, 64, 300 << 10, 3 << 19, good.len() - 1] {
