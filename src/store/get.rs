@@ -86,6 +86,10 @@ pub(crate) fn check_split(head: &[u8], body: &[u8]) -> std::result::Result<(Code
     Ok((codec, raw_len))
 }
 
+/// Whole records are read in pieces of this size, last first
+/// ([`Store::read`]).
+pub(crate) const WHOLE_READ_PIECE: usize = 512 << 10;
+
 fn corrupt<K: Debug>(key: &K, path: &Path, detail: String) -> Error {
     Error::Corrupt {
         key: format!("{key:?}"),
@@ -110,7 +114,10 @@ fn read_failed<K: Debug>(key: &K, path: &Path, at: u64, len: usize, e: std::io::
 }
 
 impl<K: Clone + Debug> Store<K> {
-    /// Read `key`'s whole record at `loc` into `buf` (resized to fit).
+    /// Read `key`'s whole record at `loc` into `buf` (resized to fit), in
+    /// pieces from its end back to its start: the piece read last is the
+    /// one still in the cache, and the start is what a caller uses first
+    /// (a sender writes it to its socket, compaction checks its header).
     /// Returns the path of its file, for error messages.
     pub(crate) fn read(&self, key: &K, loc: DiskLoc, buf: &mut Vec<u8>) -> Result<PathBuf> {
         let (file, path) = self.file(loc)?;
@@ -122,8 +129,14 @@ impl<K: Clone + Debug> Store<K> {
             ));
         };
         fit(buf, len);
-        file.read_exact_at(buf, loc.offset)
-            .map_err(|e| read_failed(key, &path, loc.offset, len, e))?;
+        let mut end = len;
+        while end > 0 {
+            let start = end.saturating_sub(WHOLE_READ_PIECE);
+            let at = loc.offset + start as u64;
+            file.read_exact_at(&mut buf[start..end], at)
+                .map_err(|e| read_failed(key, &path, at, end - start, e))?;
+            end = start;
+        }
         Ok(path)
     }
 

@@ -111,7 +111,7 @@ impl<K: Clone + Debug> Store<K> {
     /// the file); its payload checksum by whoever inserts it.
     pub(crate) fn read_record(&self, key: &K, loc: DiskLoc) -> Result<Vec<u8>> {
         let mut buf = spare::take(usize::try_from(loc.len()).unwrap_or(0));
-        let path = self.read_back_to_front(key, loc, &mut buf)?;
+        let path = self.read(key, loc, &mut buf)?;
         let corrupt = |detail: String| Error::Corrupt {
             key: format!("{key:?}"),
             path: path.clone(),
@@ -267,44 +267,13 @@ impl<K: Clone + Debug> Store<K> {
         })?;
         Ok(locs[0])
     }
-
-    /// Read `key`'s whole record at `loc` into `buf` (resized to fit), in
-    /// pieces from its end back to its start: the piece read last is the
-    /// one still in the cache, and the start is what a sender writes to
-    /// its socket first. Returns the path of its file, for error messages.
-    fn read_back_to_front(&self, key: &K, loc: DiskLoc, buf: &mut Vec<u8>) -> Result<PathBuf> {
-        let (file, path) = self.file(loc)?;
-        let corrupt = |detail: String| Error::Corrupt {
-            key: format!("{key:?}"),
-            path: path.clone(),
-            detail,
-        };
-        let len = usize::try_from(loc.len())
-            .map_err(|_| corrupt("record larger than the address space".into()))?;
-        fit(buf, len);
-        let mut end = len;
-        while end > 0 {
-            let start = end.saturating_sub(BACKWARD_PIECE);
-            let at = loc.offset + start as u64;
-            file.read_exact_at(&mut buf[start..end], at)
-                .map_err(|e| match e.kind() {
-                    io::ErrorKind::UnexpectedEof => corrupt(format!(
-                        "the file ends before the record's bytes {at}..{} (truncated underneath the buffer?)",
-                        loc.offset + end as u64
-                    )),
-                    _ => Error::io("read record", path.clone(), e),
-                })?;
-            end = start;
-        }
-        Ok(path)
-    }
 }
 
-/// A record to send is read, and a whole record received is written, in
-/// pieces of this size, last first (the copy into the segment's pages
-/// then costs what a plain socket-to-file copy's does, instead of half as
-/// much again).
-const BACKWARD_PIECE: usize = 512 << 10;
+/// A whole record received is written in pieces of this size, last
+/// first (the copy into the segment's pages then costs what a plain
+/// socket-to-file copy's does, instead of half as much again); records
+/// are read the same way ([`super::get::WHOLE_READ_PIECE`]).
+const BACKWARD_PIECE: usize = super::get::WHOLE_READ_PIECE;
 
 /// A record streamed from a reader is read, checksummed and written in
 /// pieces of this size: small enough that a piece just copied is still in
