@@ -26,6 +26,17 @@ fn counter(len: usize) -> Vec<u8> {
 
 /// Values of every shape the store treats apart: small and large,
 /// compressible and not.
+/// A sending and a receiving buffer, each in a directory of its own
+/// (kept alive with them), with the compression each is given.
+fn pair(
+    sender: Compression,
+    receiver: Compression,
+) -> ((tempfile::TempDir, tempfile::TempDir), Buf, Buf) {
+    let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (buffer(ta.path(), sender), buffer(tb.path(), receiver));
+    ((ta, tb), a, b)
+}
+
 fn values() -> Vec<(u64, Vec<u8>)> {
     vec![
         (1, value(1, 100)),
@@ -46,11 +57,7 @@ fn assert_corrupt(e: &Error, key: u64) {
 #[tokio::test(flavor = "current_thread")]
 async fn spilled_records_move_without_being_read_back() {
     for compression in [Compression::Lz4, Compression::None] {
-        let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let (a, b) = (
-            buffer(ta.path(), compression),
-            buffer(tb.path(), Compression::Lz4),
-        );
+        let (_dirs, a, b) = pair(compression, Compression::Lz4);
         for (k, v) in values() {
             a.insert(k, v).unwrap();
         }
@@ -92,11 +99,7 @@ async fn spilled_records_move_without_being_read_back() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn resident_values_are_encoded_but_not_written() {
-    let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (a, b) = (
-        buffer(ta.path(), Compression::Lz4),
-        buffer(tb.path(), Compression::None),
-    );
+    let (_dirs, a, b) = pair(Compression::Lz4, Compression::None);
     for (k, v) in values() {
         a.insert(k, v).unwrap();
     }
@@ -121,11 +124,7 @@ async fn resident_values_are_encoded_but_not_written() {
 
 #[test]
 fn a_large_raw_value_is_sent_from_its_own_memory_and_stays_pinned() {
-    let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (a, b) = (
-        buffer(ta.path(), Compression::Lz4),
-        buffer(tb.path(), Compression::Lz4),
-    );
+    let (_dirs, a, b) = pair(Compression::Lz4, Compression::Lz4);
     let v = value(9, 1 << 20); // incompressible: sent raw
     a.insert(9, v.clone()).unwrap();
     let rec = a.record_blocking(&9).unwrap().unwrap();
@@ -185,11 +184,7 @@ async fn neither_side_decodes_until_a_pin() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn damaged_transfers_are_refused_naming_the_key() {
-    let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (a, b) = (
-        buffer(ta.path(), Compression::Lz4),
-        buffer(tb.path(), Compression::Lz4),
-    );
+    let (_dirs, a, b) = pair(Compression::Lz4, Compression::Lz4);
     a.insert(1, counter(10_000)).unwrap();
     a.insert(2, value(2, 10_000)).unwrap();
     a.evict(1 << 30);
@@ -264,11 +259,7 @@ async fn a_record_of_another_value_type_fails_at_decode_not_with_a_wrong_value()
 
 #[tokio::test(flavor = "current_thread")]
 async fn insert_record_replaces_a_key_in_either_tier() {
-    let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (a, b) = (
-        buffer(ta.path(), Compression::Lz4),
-        buffer(tb.path(), Compression::Lz4),
-    );
+    let (_dirs, a, b) = pair(Compression::Lz4, Compression::Lz4);
     a.insert(1, value(11, 4000)).unwrap();
     a.insert(2, value(12, 4000)).unwrap();
     // Key 1 resident in the receiver, key 2 on its disk.
@@ -395,11 +386,7 @@ async fn a_failed_write_inserts_nothing_and_keeps_the_old_value() {
 
 #[test]
 fn records_stream_back_to_back() {
-    let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (a, b) = (
-        buffer(ta.path(), Compression::Lz4),
-        buffer(tb.path(), Compression::Lz4),
-    );
+    let (_dirs, a, b) = pair(Compression::Lz4, Compression::Lz4);
     let mut wire = Vec::new();
     for (k, v) in values() {
         a.insert(k, v).unwrap();
@@ -484,11 +471,7 @@ fn wire_of(a: &Buf) -> Vec<u8> {
 #[test]
 fn records_stream_from_a_reader_straight_to_disk() {
     for compression in [Compression::Lz4, Compression::None] {
-        let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let (a, b) = (
-            buffer(ta.path(), compression),
-            buffer(tb.path(), Compression::None),
-        );
+        let (_dirs, a, b) = pair(compression, Compression::None);
         for (k, v) in values() {
             a.insert(k, v).unwrap();
             if k % 2 == 0 {
@@ -602,11 +585,7 @@ fn a_streamed_record_over_the_disk_budget_is_refused_before_it_is_read() {
 
 #[test]
 fn transfer_calls_start_their_work_when_called() {
-    let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (a, b) = (
-        buffer(ta.path(), Compression::Lz4),
-        buffer(tb.path(), Compression::Lz4),
-    );
+    let (_dirs, a, b) = pair(Compression::Lz4, Compression::Lz4);
     a.insert(1, value(1, 5000)).unwrap();
     a.evict(1 << 30);
     a.flush_blocking().unwrap();
