@@ -190,6 +190,15 @@ impl Delta {
 
 pub(crate) const NIL: u32 = u32::MAX;
 
+/// The host consumed it: when the last pin goes, it is first in line.
+const CONSUMED: u8 = 1;
+/// Its encode failed: resident-dirty but on no list, so eviction does not
+/// try it again until the host asks (`retry_spill`) or replaces it.
+const SET_ASIDE: u8 = 2;
+/// It has a hit cell in the buffer's index (`buffer::cell`), which the
+/// shard opens and closes as the entry goes on and off its list.
+const CELLED: u8 = 4;
+
 /// The two eviction lists: entries with a valid disk copy (dropping them
 /// costs no IO) and entries without one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -210,11 +219,9 @@ pub(crate) struct Node<K, V> {
     /// that they never act on a newer value of the same key.
     pub version: u64,
     pins: u32,
-    /// The host consumed it: when the last pin goes, it is first in line.
-    consumed: bool,
-    /// Its encode failed: resident-dirty but on no list, so eviction does
-    /// not try it again until the host asks (`retry_spill`) or replaces it.
-    set_aside: bool,
+    /// [`CONSUMED`], [`SET_ASIDE`], [`CELLED`]: one byte, so that the
+    /// node stays 88 bytes.
+    flags: u8,
     pub(super) tick: u64,
     pub(super) prev: u32,
     pub(super) next: u32,
@@ -305,8 +312,7 @@ impl<K, V> Node<K, V> {
             weight,
             version,
             pins: 0,
-            consumed: false,
-            set_aside: false,
+            flags: 0,
             tick: 0,
             prev: NIL,
             next: NIL,
@@ -324,11 +330,40 @@ impl<K, V> Node<K, V> {
     }
 
     pub(crate) fn consumed(&self) -> bool {
-        self.consumed
+        self.flags & CONSUMED != 0
     }
 
     pub(crate) fn set_aside(&self) -> bool {
-        self.set_aside
+        self.flags & SET_ASIDE != 0
+    }
+
+    /// Whether it has a hit cell.
+    pub(crate) fn celled(&self) -> bool {
+        self.flags & CELLED != 0
+    }
+
+    pub(crate) fn set_celled(&mut self, celled: bool) {
+        self.set_flag(CELLED, celled);
+    }
+
+    /// A hit through its cell used it after it was consumed: no longer
+    /// first in line.
+    pub(crate) fn used_again(&mut self) {
+        self.set_flag(CONSUMED, false);
+    }
+
+    /// Consumed by a holder of a cell pin, while other pins remain: the
+    /// last of them puts it first in line.
+    pub(crate) fn mark_consumed(&mut self) {
+        self.set_flag(CONSUMED, true);
+    }
+
+    fn set_flag(&mut self, flag: u8, on: bool) {
+        if on {
+            self.flags |= flag;
+        } else {
+            self.flags &= !flag;
+        }
     }
 
     fn w(&self) -> isize {
@@ -344,7 +379,7 @@ impl<K, V> Node<K, V> {
     pub(crate) fn wanted_list(&self) -> Option<ListKind> {
         match &self.state {
             State::Resident { disk: Some(_), .. } if self.pins == 0 => Some(ListKind::Clean),
-            State::Resident { disk: None, .. } if self.pins == 0 && !self.set_aside => {
+            State::Resident { disk: None, .. } if self.pins == 0 && !self.set_aside() => {
                 Some(ListKind::Dirty)
             }
             _ => None,
@@ -361,7 +396,7 @@ impl<K, V> Node<K, V> {
     /// checked `state().value()`; the entry leaves its list.
     pub(crate) fn pin(&mut self) -> Delta {
         self.pins += 1;
-        self.consumed = false;
+        self.set_flag(CONSUMED, false);
         if self.pins > 1 {
             return Delta::ZERO;
         }
@@ -388,7 +423,9 @@ impl<K, V> Node<K, V> {
             return (Unpinned::Nothing, Delta::ZERO);
         }
         self.pins -= 1;
-        self.consumed |= consume;
+        if consume {
+            self.set_flag(CONSUMED, true);
+        }
         if self.pins > 0 {
             return (Unpinned::Nothing, Delta::ZERO);
         }
@@ -397,7 +434,7 @@ impl<K, V> Node<K, V> {
             pinned_spilling: if self.is_spilling() { -self.w() } else { 0 },
             ..Delta::ZERO
         };
-        let free_now = self.consumed || self.weight > target;
+        let free_now = self.consumed() || self.weight > target;
         let next = match &self.state {
             State::Resident {
                 disk: Some(loc), ..
@@ -406,14 +443,14 @@ impl<K, V> Node<K, V> {
                 return (Unpinned::Freed(value), unpinned.plus(d));
             }
             // Set aside: on no list until retried.
-            State::Resident { disk: None, .. } if self.set_aside => Unpinned::Nothing,
+            State::Resident { disk: None, .. } if self.set_aside() => Unpinned::Nothing,
             State::Resident { disk, .. } => Unpinned::Link {
                 kind: if disk.is_some() {
                     ListKind::Clean
                 } else {
                     ListKind::Dirty
                 },
-                first_out: self.consumed,
+                first_out: self.consumed(),
             },
             _ => Unpinned::Nothing,
         };
@@ -492,7 +529,7 @@ impl<K, V> Node<K, V> {
             value: Arc::clone(value),
             disk: None,
         };
-        self.set_aside = set_aside;
+        self.set_flag(SET_ASIDE, set_aside);
         Delta {
             spilling: -self.w(),
             pinned_spilling: if self.pins > 0 { -self.w() } else { 0 },
@@ -504,10 +541,10 @@ impl<K, V> Node<K, V> {
     /// A set-aside entry becomes a candidate for eviction again. Returns
     /// whether it was set aside; the caller links it when unpinned.
     pub(crate) fn retry_spill(&mut self) -> (bool, Delta) {
-        if !self.set_aside {
+        if !self.set_aside() {
             return (false, Delta::ZERO);
         }
-        self.set_aside = false;
+        self.set_flag(SET_ASIDE, false);
         let d = Delta {
             set_aside: -self.w(),
             ..Delta::ZERO
@@ -616,7 +653,7 @@ impl<K, V> Node<K, V> {
         let w = self.w();
         let mut d = Delta {
             len: -1,
-            set_aside: if self.set_aside { -w } else { 0 },
+            set_aside: if self.set_aside() { -w } else { 0 },
             ..Delta::ZERO
         };
         let disk = self.state.disk();

@@ -120,7 +120,9 @@ impl<K: Key, V: Spill> Inner<K, V> {
             }
             match self.with_shard(s, |shard| shard.evict_tail(ListKind::Clean, Some(tick))) {
                 Some((_, after)) => {
-                    Metrics::add(&self.metrics.clean_evictions, 1);
+                    if after.clean_eviction {
+                        Metrics::add(&self.metrics.clean_evictions, 1);
+                    }
                     self.act(s, after);
                 }
                 // Another thread moved that tail meanwhile: look again, a

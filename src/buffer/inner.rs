@@ -10,12 +10,13 @@
 //! spill queue's and the memory waiters' are taken alone. Encoding, IO,
 //! dropping values and waking waiters happen after every lock is released.
 
+use super::cell::{HitCell, HitIndex};
 use super::entry::{Delta, ListKind, Node};
 use super::failure::Failures;
 use super::hash::KeyHash;
 use super::memory::{Gauges, MemoryWaiters};
 use super::pinned::{PinAt, PinOwner, PinResult, Pinned};
-use super::shard::{After, Shard, Wake};
+use super::shard::{After, Cells, Shard, Wake};
 use super::tick::Ticks;
 use super::way::{self, WAYS};
 use super::write::SpillJob;
@@ -74,7 +75,10 @@ pub(crate) struct Inner<K, V> {
     pub target: AtomicUsize,
     pub limit: AtomicUsize,
     pub limit_follows_target: bool,
-    ticks: Ticks,
+    ticks: Arc<Ticks>,
+    /// The hit cells of entries pinned before, read without a lock by the
+    /// hit path (`buffer::cell`).
+    pub hits: Arc<HitIndex<K, V>>,
     pub next_version: AtomicU64,
     pub g: Padded<Gauges>,
     pub store: Store<K>,
@@ -105,10 +109,20 @@ pub(crate) const HEAVY_DROP: usize = 1 << 20;
 impl<K: Key, V: Spill> Inner<K, V> {
     pub(crate) fn new(cfg: &Config, store: Store<K>, pool: Pool) -> Arc<Self> {
         let hasher = KeyHash::new();
-        Arc::new_cyclic(|me| Inner {
+        let ticks = Arc::new(Ticks::new());
+        let hits = Arc::new(HitIndex::new(hasher));
+        Arc::new_cyclic(|me: &Weak<Inner<K, V>>| Inner {
             shards: (0..cfg.shards)
-                .map(|_| LockedShard {
-                    core: Mutex::new(Shard::with_hash(hasher)),
+                .map(|s| LockedShard {
+                    core: Mutex::new(Shard::new_in(
+                        hasher,
+                        Cells {
+                            index: Arc::clone(&hits),
+                            owner: me.clone() as Weak<dyn PinOwner<V>>,
+                            ticks: Arc::clone(&ticks),
+                            shard: s as u32,
+                        },
+                    )),
                     tails: [AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX)],
                     clock: AtomicU64::new(0),
                     pinned: AtomicUsize::new(0),
@@ -118,7 +132,8 @@ impl<K: Key, V: Spill> Inner<K, V> {
             target: AtomicUsize::new(cfg.memory_target),
             limit: AtomicUsize::new(cfg.memory_limit.unwrap_or(cfg.memory_target)),
             limit_follows_target: cfg.memory_limit.is_none(),
-            ticks: Ticks::new(),
+            ticks,
+            hits,
             next_version: AtomicU64::new(1),
             g: Padded(Gauges::default()),
             store,
@@ -169,14 +184,15 @@ impl<K: Key, V: Spill> Inner<K, V> {
         t
     }
 
-    /// The newest tick any shard has taken: "now", for the ages eviction
-    /// compares.
+    /// The newest tick any shard or hit has taken: "now", for the ages
+    /// eviction compares.
     pub(crate) fn newest_tick(&self) -> u64 {
         self.shards
             .iter()
             .map(|sh| sh.clock.load(Relaxed))
             .max()
             .unwrap_or(0)
+            .max(self.ticks.newest_released())
     }
 
     pub(crate) fn target(&self) -> usize {
@@ -191,6 +207,10 @@ impl<K: Key, V: Spill> Inner<K, V> {
         let mut shard = locked.core.lock();
         let r = f(&mut shard);
         self.g.apply(shard.take_delta(), &locked.pinned);
+        let repaired = shard.take_repaired();
+        if repaired > locked.clock.load(Relaxed) {
+            locked.clock.store(repaired, Relaxed);
+        }
         if shard.take_tails_moved() {
             locked.tails[0].store(shard.tail_tick(ListKind::Clean), Relaxed);
             locked.tails[1].store(shard.tail_tick(ListKind::Dirty), Relaxed);
@@ -449,20 +469,11 @@ impl<K: Key, V: Spill> Inner<K, V> {
     }
 }
 
-impl<K: Key, V: Spill> PinOwner<V> for Inner<K, V> {
-    fn repin(&self, at: PinAt) {
-        self.with_shard(at.shard as usize, |shard| shard.repin(at.slot, at.version));
-    }
-
-    fn unpin(&self, at: PinAt, consume: bool, guard: Arc<V>) {
-        let target = self.target();
-        let s = at.shard as usize;
-        let freed = self.with_shard(s, |shard| {
-            shard.unpin(at.slot, at.version, consume, target, || self.next_tick(s))
-        });
-        // The guard's handle goes first, so that the entry's (if freed) is
-        // the last one and the free happens on the pool.
-        self.drop_value(guard);
+impl<K: Key, V: Spill> Inner<K, V> {
+    /// What follows a pin's release, once the shard is unlocked: drop the
+    /// value the shard let go of (`freed`: a clean eviction if `true`),
+    /// and evict if needed.
+    fn after_unpin(&self, freed: Option<(Arc<V>, bool)>) {
         let freed_any = freed.is_some();
         if let Some((value, clean_eviction)) = freed {
             if clean_eviction {
@@ -477,6 +488,42 @@ impl<K: Key, V: Spill> PinOwner<V> for Inner<K, V> {
         if freed_any || self.over_target() > 0 {
             self.evict_to_target();
         }
+    }
+}
+
+impl<K: Key, V: Spill> PinOwner<V> for Inner<K, V> {
+    fn repin(&self, at: PinAt) {
+        self.with_shard(at.shard as usize, |shard| shard.repin(at.slot, at.version));
+    }
+
+    fn unpin(&self, at: PinAt, consume: bool, guard: Arc<V>) {
+        let target = self.target();
+        let s = at.shard as usize;
+        let freed = self.with_shard(s, |shard| {
+            shard.unpin(at.slot, at.version, consume, target, || self.next_tick(s))
+        });
+        // The guard's handle goes first, so that the entry's (if freed) is
+        // the last one and the free happens on the pool.
+        self.drop_value(guard);
+        self.after_unpin(freed);
+    }
+
+    fn end_lease(&self, cell: &HitCell<V>) {
+        let target = self.target();
+        let s = cell.at().shard as usize;
+        let freed = self.with_shard(s, |shard| {
+            shard.lease_ended(cell, false, target, || self.next_tick(s))
+        });
+        self.after_unpin(freed);
+    }
+
+    fn consume_cell(&self, cell: &HitCell<V>) {
+        let target = self.target();
+        let s = cell.at().shard as usize;
+        let freed = self.with_shard(s, |shard| {
+            shard.consume_cell(cell, target, || self.next_tick(s))
+        });
+        self.after_unpin(freed);
     }
 }
 
@@ -533,6 +580,14 @@ impl<K: Key, V: Spill> PinOwner<V> for ShardOwner<K, V> {
 
     fn unpin(&self, at: PinAt, consume: bool, value: Arc<V>) {
         self.inner.unpin(at, consume, value);
+    }
+
+    fn end_lease(&self, cell: &HitCell<V>) {
+        self.inner.end_lease(cell);
+    }
+
+    fn consume_cell(&self, cell: &HitCell<V>) {
+        self.inner.consume_cell(cell);
     }
 }
 

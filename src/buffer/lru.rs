@@ -89,6 +89,41 @@ impl Lists {
         }
     }
 
+    /// Link `idx` on `kind` in the chain of `way` at the place of `tick`,
+    /// which may be older than the chain's head: for an entry whose last
+    /// use came through its hit cell, found when eviction reached it.
+    /// Walks from the head, where such a recent tick lands.
+    pub(crate) fn link_sorted<K, V>(
+        &mut self,
+        slab: &mut Slab<K, V>,
+        way: usize,
+        idx: u32,
+        kind: ListKind,
+        tick: u64,
+    ) {
+        self.unlink(slab, idx);
+        let mut prev = NIL;
+        let mut next = self.chain(way, kind).head;
+        while next != NIL && node(slab, next).tick > tick {
+            prev = next;
+            next = node(slab, next).next;
+        }
+        let n = node_mut(slab, idx);
+        (n.tick, n.prev, n.next) = (tick, prev, next);
+        (n.list, n.way) = (Some(kind), way as u8);
+        if prev == NIL {
+            self.chain(way, kind).head = idx;
+        } else {
+            node_mut(slab, prev).next = idx;
+        }
+        if next == NIL {
+            self.chain(way, kind).tail = idx;
+            self.tails_moved = true;
+        } else {
+            node_mut(slab, next).prev = idx;
+        }
+    }
+
     /// Make `idx` the first entry of `kind` to be evicted. Its tick is 0, so
     /// it also comes before every other shard's entries.
     pub(crate) fn link_back<K, V>(

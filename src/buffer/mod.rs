@@ -14,6 +14,7 @@
 //! - [`pinned`]: the [`Pinned`] guard; [`tick`], [`way`], [`hash`]: LRU
 //!   clocks, per-thread ways, key hashing.
 
+pub(crate) mod cell;
 pub(crate) mod entry;
 pub(crate) mod evict;
 pub(crate) mod failure;

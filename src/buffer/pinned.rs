@@ -1,6 +1,7 @@
 //! [`Pinned`]: an RAII guard on a value that keeps its entry from being
 //! evicted until the last guard for it is dropped or consumed.
 
+use crate::buffer::cell::{HitCell, Released};
 use crate::error::Result;
 use std::fmt;
 use std::ops::Deref;
@@ -25,6 +26,12 @@ pub(crate) trait PinOwner<V>: Send + Sync {
     /// the last one, a heavy value is freed on the IO pool rather than on
     /// the caller's thread.
     fn unpin(&self, at: PinAt, consume: bool, value: Arc<V>);
+    /// The last cell pin of a lease was released: give the lease back
+    /// (see [`crate::buffer::cell`]).
+    fn end_lease(&self, cell: &HitCell<V>);
+    /// Release one cell pin of `cell`, consuming: the entry goes first in
+    /// line, as [`PinOwner::unpin`] with `consume` does.
+    fn consume_cell(&self, cell: &HitCell<V>);
 }
 
 /// The outcome sent to a reader waiting on a disk read.
@@ -59,28 +66,65 @@ impl<V> Waiter<V> {
 pub struct Pinned<V> {
     /// `Some` for the guard's whole life; taken only when it is released
     /// (so the owner can decide where the value is freed).
-    value: Option<Arc<V>>,
-    owner: Arc<dyn PinOwner<V>>,
-    at: PinAt,
+    hold: Option<Hold<V>>,
+}
+
+/// What a guard holds: a pin the shard counts on the entry, or a pin of
+/// the entry's hit cell (see [`crate::buffer::cell`]).
+enum Hold<V> {
+    Entry {
+        value: Arc<V>,
+        owner: Arc<dyn PinOwner<V>>,
+        at: PinAt,
+    },
+    Cell(Arc<HitCell<V>>),
 }
 
 impl<V> Pinned<V> {
     /// A guard for a pin already counted on the entry.
     pub(crate) fn new(value: Arc<V>, owner: Arc<dyn PinOwner<V>>, at: PinAt) -> Self {
         Pinned {
-            value: Some(value),
-            owner,
-            at,
+            hold: Some(Hold::Entry { value, owner, at }),
         }
     }
 
+    /// A guard for a cell pin already taken.
+    pub(crate) fn of_cell(cell: Arc<HitCell<V>>) -> Self {
+        Pinned {
+            hold: Some(Hold::Cell(cell)),
+        }
+    }
+
+    fn hold(&self) -> &Hold<V> {
+        self.hold.as_ref().expect("a live guard holds its pin")
+    }
+
     fn arc(&self) -> &Arc<V> {
-        self.value.as_ref().expect("a live guard holds its value")
+        match self.hold() {
+            Hold::Entry { value, .. } => value,
+            Hold::Cell(cell) => cell.value(),
+        }
     }
 
     fn release(&mut self, consume: bool) {
-        if let Some(value) = self.value.take() {
-            self.owner.unpin(self.at, consume, value);
+        match self.hold.take() {
+            Some(Hold::Entry { value, owner, at }) => owner.unpin(at, consume, value),
+            Some(Hold::Cell(cell)) => {
+                // The owner is upgraded only when the shard has work to
+                // do: a hit's release writes no count but the cell's.
+                if consume {
+                    if let Some(owner) = cell.owner() {
+                        return owner.consume_cell(&cell);
+                    }
+                }
+                if cell.release() == Released::EndLease {
+                    // The buffer may be gone: its value goes with the cell.
+                    if let Some(owner) = cell.owner() {
+                        owner.end_lease(&cell);
+                    }
+                }
+            }
+            None => {}
         }
     }
 
@@ -96,9 +140,18 @@ impl<V> Pinned<V> {
         self.arc()
     }
 
+    /// Whether this pin came through the hit path (a cell pin).
+    #[cfg(test)]
+    pub(crate) fn is_hit(&self) -> bool {
+        matches!(self.hold(), Hold::Cell(_))
+    }
+
     /// The version of the entry this pin was made for.
     pub(crate) fn version(&self) -> u64 {
-        self.at.version
+        match self.hold() {
+            Hold::Entry { at, .. } => at.version,
+            Hold::Cell(cell) => cell.at().version,
+        }
     }
 }
 
@@ -112,12 +165,21 @@ impl<V> Deref for Pinned<V> {
 
 impl<V> Clone for Pinned<V> {
     fn clone(&self) -> Self {
-        self.owner.repin(self.at);
-        Pinned {
-            value: Some(Arc::clone(self.arc())),
-            owner: Arc::clone(&self.owner),
-            at: self.at,
-        }
+        let hold = match self.hold() {
+            Hold::Entry { value, owner, at } => {
+                owner.repin(*at);
+                Hold::Entry {
+                    value: Arc::clone(value),
+                    owner: Arc::clone(owner),
+                    at: *at,
+                }
+            }
+            Hold::Cell(cell) => {
+                cell.repin();
+                Hold::Cell(Arc::clone(cell))
+            }
+        };
+        Pinned { hold: Some(hold) }
     }
 }
 

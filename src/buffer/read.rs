@@ -50,6 +50,10 @@ impl<K: Key, V: Spill> Inner<K, V> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
+        // The hit path: no lock, no write but the key's cell.
+        if let Some(cell) = self.hits.pin(key) {
+            return Lookup::Hit(Pinned::of_cell(cell));
+        }
         let hash = self.hasher.of(key);
         let s = self.shard_of_hash(hash);
         match self.with_shard(s, |shard| shard.lookup(hash, key, waiter)) {

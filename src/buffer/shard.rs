@@ -3,16 +3,22 @@
 //! ([`lru`](super::lru)). It does no IO and takes no lock; the buffer puts
 //! each shard behind its mutex.
 //!
+//! The shard also keeps its entries' hit cells (`buffer::cell`) in step
+//! with its lists: a cell is open exactly while its entry is on a list,
+//! and a cell closed while pinned leases the entry one pin.
+//!
 //! Every operation applies entry transitions, adds up the gauge changes
 //! they make (taken by [`Shard::take_delta`] and applied before the lock
 //! is released), and returns in an [`After`] what must happen once the
 //! lock is released: values to drop, a write to queue, a record to
 //! release, waiters to answer. The buffer acts on it (`Inner::act`).
 
+use crate::buffer::cell::{HitCell, HitIndex, Released};
 use crate::buffer::entry::{Delta, Detached, Evicted, ListKind, Node, Removed, State, Unpinned};
 use crate::buffer::hash::KeyHash;
 use crate::buffer::lru::{Lists, Slab};
-use crate::buffer::pinned::Waiter;
+use crate::buffer::pinned::{PinAt, PinOwner, Waiter};
+use crate::buffer::tick::Ticks;
 use crate::buffer::way;
 use crate::buffer::write::SpillJob;
 use crate::store::compact::Relocated;
@@ -21,7 +27,17 @@ use hashbrown::HashTable;
 use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
+
+/// What a shard needs to give its entries hit cells: the buffer's index
+/// of them, the owner their releases call back, the buffer's clock, and
+/// the shard's own number.
+pub(crate) struct Cells<K, V> {
+    pub index: Arc<HitIndex<K, V>>,
+    pub owner: Weak<dyn PinOwner<V>>,
+    pub ticks: Arc<Ticks>,
+    pub shard: u32,
+}
 
 /// Readers to answer after unlocking.
 pub(crate) enum Wake<V> {
@@ -99,12 +115,19 @@ pub(crate) struct Shard<K, V> {
     detached: HashMap<u64, Detached<V>>,
     /// Gauge changes made since the last [`Shard::take_delta`].
     delta: Delta,
+    cells: Cells<K, V>,
+    /// The newest tick an entry was relinked at by a hit's release
+    /// (eviction moving it up), since the last [`Shard::take_repaired`]:
+    /// the buffer raises the shard's clock to it, so later links come
+    /// after it.
+    repaired: u64,
 }
 
 impl<K: Hash + Eq + Clone, V> Shard<K, V> {
     /// A shard whose table hashes keys with `hash` (the buffer's, so that a
-    /// key is hashed once for its shard and its slot).
-    pub(crate) fn with_hash(hash: KeyHash) -> Self {
+    /// key is hashed once for its shard and its slot), giving its entries
+    /// hit cells in `cells`.
+    pub(crate) fn new_in(hash: KeyHash, cells: Cells<K, V>) -> Self {
         Shard {
             map: HashTable::new(),
             hash,
@@ -113,12 +136,29 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
             lists: Lists::new(),
             detached: HashMap::new(),
             delta: Delta::ZERO,
+            cells,
+            repaired: 0,
         }
     }
 
+    /// A shard of its own, whose cells call back nobody.
     #[cfg(test)]
-    pub(crate) fn new() -> Self {
-        Self::with_hash(KeyHash::new())
+    pub(crate) fn new() -> Self
+    where
+        K: 'static,
+        V: 'static,
+    {
+        let hash = KeyHash::new();
+        let owner: Weak<dyn PinOwner<V>> = Weak::<tests::NoOwner>::new();
+        Self::new_in(
+            hash,
+            Cells {
+                index: Arc::new(HitIndex::new(hash)),
+                owner,
+                ticks: Arc::new(Ticks::new()),
+                shard: 0,
+            },
+        )
     }
 
     // ----- the index ----------------------------------------------------
@@ -217,7 +257,8 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
     /// Take a node out entirely, with the gauge changes of its removal. A
     /// value still held by pins or a write is kept as detached.
     fn take(&mut self, idx: u32) -> Removed<V> {
-        self.lists.unlink(&mut self.slab, idx);
+        self.unlink(idx);
+        self.drop_cell(idx);
         let hash = self.hash.of(&self.node(idx).key);
         match self.map.find_entry(hash, |&i| i == idx) {
             Ok(slot) => drop(slot.remove()),
@@ -256,16 +297,88 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         value
     }
 
-    // ----- the LRU lists --------------------------------------------------
+    // ----- the LRU lists and the hit cells ----------------------------------
 
+    /// Link `idx` as most recently used, at `tick`; its cell opens.
     fn link_front(&mut self, idx: u32, kind: ListKind, tick: u64) {
         self.lists
             .link_front(&mut self.slab, way::this_thread(), idx, kind, tick);
+        if let Some(cell) = self.cell(idx) {
+            cell.open(tick);
+        }
     }
 
+    /// Link `idx` as the first to go; its cell opens.
     fn link_back(&mut self, idx: u32, kind: ListKind) {
         self.lists
             .link_back(&mut self.slab, way::this_thread(), idx, kind);
+        if let Some(cell) = self.cell(idx) {
+            cell.open(0);
+        }
+    }
+
+    /// Take `idx` off its list, if it is on one; its cell closes, and pins
+    /// held through it become the entry's lease (one pin).
+    fn unlink(&mut self, idx: u32) {
+        if self.node(idx).list.is_none() {
+            return;
+        }
+        self.lists.unlink(&mut self.slab, idx);
+        if self.cell(idx).is_some_and(|cell| cell.close() > 0) {
+            let d = self.node_mut(idx).pin();
+            self.add(d);
+        }
+    }
+
+    /// The hit cell of `idx`, if it has one.
+    fn cell(&self, idx: u32) -> Option<Arc<HitCell<V>>> {
+        let n = self.node(idx);
+        if !n.celled() {
+            return None;
+        }
+        self.cells.index.get(&n.key)
+    }
+
+    /// Give `idx` (resident, about to be linked) a hit cell if it has
+    /// none: the next hits on it take no lock.
+    fn give_cell(&mut self, idx: u32) {
+        let n = self.node(idx);
+        if n.celled() {
+            return;
+        }
+        let Some(value) = n.state().value() else {
+            return;
+        };
+        let at = PinAt {
+            shard: self.cells.shard,
+            slot: idx,
+            version: n.version,
+        };
+        let cell = HitCell::new(
+            Arc::clone(value),
+            self.cells.owner.clone(),
+            Arc::clone(&self.cells.ticks),
+            at,
+        );
+        let key = n.key.clone();
+        self.cells.index.publish(key, Arc::new(cell));
+        self.node_mut(idx).set_celled(true);
+    }
+
+    /// `idx`'s value is leaving memory, or the entry the index: its cell
+    /// (closed) leaves the index. Its handle on the value goes now if no
+    /// pin holds it, else when the lease ends (`lease_ended`). The entry
+    /// still holds the value, so this is never the last handle.
+    fn drop_cell(&mut self, idx: u32) {
+        let Some(cell) = self.cell(idx) else { return };
+        self.cells.index.withdraw(&self.node(idx).key);
+        self.node_mut(idx).set_celled(false);
+        drop(cell.take_value());
+    }
+
+    /// The newest tick an entry was moved up to since the last call.
+    pub(crate) fn take_repaired(&mut self) -> u64 {
+        std::mem::take(&mut self.repaired)
     }
 
     /// The least recently used entry of `kind` and its tick.
@@ -295,13 +408,13 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         let Some(idx) = self.find_hashed(hash, key) else {
             return Found::Missing;
         };
-        let n = self.node_mut(idx);
+        let n = self.node(idx);
         let version = n.version;
         if let Some(value) = n.state().value() {
             let value = Arc::clone(value);
-            let d = n.pin();
+            self.unlink(idx);
+            let d = self.node_mut(idx).pin();
             self.add(d);
-            self.lists.unlink(&mut self.slab, idx);
             return Found::Hit {
                 slot: idx,
                 version,
@@ -311,7 +424,7 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         let Some(w) = waiter else {
             return Found::NotResident;
         };
-        match n.start_read(w) {
+        match self.node_mut(idx).start_read(w) {
             Ok(Some(loc)) => Found::Read {
                 key: self.node(idx).key.clone(),
                 version,
@@ -354,7 +467,7 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
                     let d = self.node_mut(idx).pin();
                     self.add(d);
                 }
-                self.lists.unlink(&mut self.slab, idx);
+                self.unlink(idx);
                 after.wake = Some(Wake::Pinned {
                     waiters,
                     slot: idx,
@@ -427,7 +540,9 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
 
     /// Evict the tail of `kind` if its tick is `expect_tick` (when given):
     /// a clean value is dropped, a dirty one queued for writing. Returns
-    /// its weight and what to do.
+    /// its weight and what to do. A tail pinned or used through its hit
+    /// cell is not evicted (weight 0, nothing to do): it is leased, or
+    /// moved up to its last use.
     pub(crate) fn evict_tail(
         &mut self,
         kind: ListKind,
@@ -437,10 +552,32 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         if expect_tick.is_some_and(|t| t != tick) {
             return None;
         }
-        self.lists.unlink(&mut self.slab, idx);
+        let cell = self.cell(idx);
+        self.unlink(idx);
+        if let Some(cell) = cell {
+            // Pinned through its cell: leased now, and relinked by the
+            // last release.
+            if self.node(idx).pins() > 0 {
+                return Some((0, After::default()));
+            }
+            // Used through its cell since it was linked: move it up.
+            let used = cell.last_use();
+            if used > tick {
+                self.node_mut(idx).used_again();
+                self.lists
+                    .link_sorted(&mut self.slab, way::this_thread(), idx, kind, used);
+                cell.open(used);
+                self.repaired = self.repaired.max(used);
+                return Some((0, After::default()));
+            }
+        }
         let n = self.node_mut(idx);
         let (w, key, version) = (n.weight, n.key.clone(), n.version);
-        let (evicted, d) = n.evict()?;
+        let dropped = matches!(n.state(), State::Resident { disk: Some(_), .. });
+        if dropped {
+            self.drop_cell(idx);
+        }
+        let (evicted, d) = self.node_mut(idx).evict()?;
         self.add(d);
         let after = match evicted {
             Evicted::Dropped(value) => After {
@@ -483,7 +620,10 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         self.add(d);
         match next {
             Unpinned::Nothing => None,
-            Unpinned::Freed(value) => Some((value, true)),
+            Unpinned::Freed(value) => {
+                self.drop_cell(idx);
+                Some((value, true))
+            }
             Unpinned::Link {
                 kind,
                 first_out: true,
@@ -492,6 +632,7 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
                 None
             }
             Unpinned::Link { kind, .. } => {
+                self.give_cell(idx);
                 self.link_front(idx, kind, tick());
                 None
             }
@@ -507,6 +648,57 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
                     det.repin();
                 }
             }
+        }
+    }
+
+    /// The last cell pin of `cell`'s lease was released: the entry's lease
+    /// pin goes, as [`Shard::unpin`] (consuming, if `consume`). For an
+    /// entry removed or replaced meanwhile, the cell's handle on the value
+    /// goes first, then the detached value's pin.
+    pub(crate) fn lease_ended(
+        &mut self,
+        cell: &HitCell<V>,
+        consume: bool,
+        target: usize,
+        tick: impl FnOnce() -> u64,
+    ) -> Option<(Arc<V>, bool)> {
+        let at = cell.at();
+        if self.live(at).is_none() {
+            drop(cell.take_value());
+        }
+        self.unpin(at.slot, at.version, consume, target, tick)
+    }
+
+    /// A holder of a pin of `cell` consumed it: that pin goes, and the
+    /// entry is first in line once no pin is left. The entry comes off its
+    /// list first (its cell pins become a lease) so that the release is
+    /// the shard's to order.
+    pub(crate) fn consume_cell(
+        &mut self,
+        cell: &HitCell<V>,
+        target: usize,
+        tick: impl FnOnce() -> u64,
+    ) -> Option<(Arc<V>, bool)> {
+        let live = self.live(cell.at());
+        if let Some(idx) = live {
+            self.unlink(idx);
+        }
+        match cell.release_consumed() {
+            Released::EndLease => self.lease_ended(cell, true, target, tick),
+            Released::Done => {
+                if let Some(idx) = live {
+                    self.node_mut(idx).mark_consumed();
+                }
+                None
+            }
+        }
+    }
+
+    /// The slot at `at`, if it still holds that version.
+    fn live(&self, at: PinAt) -> Option<u32> {
+        match self.slab.get(at.slot as usize) {
+            Some(Some(n)) if n.version == at.version => Some(at.slot),
+            _ => None,
         }
     }
 
@@ -530,6 +722,9 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         };
         let (freed, d) = self.node_mut(idx).spill_done(loc);
         self.add(d);
+        if freed.is_some() {
+            self.drop_cell(idx);
+        }
         let kept = freed.is_none();
         let after = After {
             drop: freed,
@@ -673,6 +868,7 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
             if self.find(&n.key) != Some(i) {
                 return Err(format!("slot {i} is not the map's slot for its key"));
             }
+            self.validate_cell(i, n)?;
             if n.list != n.wanted_list() {
                 return Err(format!(
                     "slot {i} ({}, pins {}) on list {:?}, wants {:?}",
@@ -687,6 +883,43 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
             return Err("map and slab disagree on the number of keys".into());
         }
         Ok(())
+    }
+
+    /// A node's hit cell is in the index exactly when the node says so, is
+    /// open exactly when the node is on a list, and a leased one holds a
+    /// pin of the node.
+    #[cfg(any(test, feature = "testing"))]
+    fn validate_cell(&self, i: u32, n: &Node<K, V>) -> Result<(), String> {
+        let cell = self.cells.index.get(&n.key);
+        match (&cell, n.celled()) {
+            (Some(_), false) => return Err(format!("slot {i} has a cell it does not know of")),
+            (None, true) => return Err(format!("slot {i} says it has a cell; the index has none")),
+            _ => {}
+        }
+        let Some(cell) = cell else { return Ok(()) };
+        if n.state().value().is_none() {
+            return Err(format!("slot {i} has a cell but is {}", n.state().name()));
+        }
+        if cell.at().slot != i || cell.at().version != n.version {
+            return Err(format!("slot {i}: its cell is for {:?}", cell.at()));
+        }
+        if cell.is_open() != n.list.is_some() {
+            return Err(format!(
+                "slot {i}: cell open {}, on list {:?}",
+                cell.is_open(),
+                n.list
+            ));
+        }
+        if cell.is_leased() && n.pins() == 0 {
+            return Err(format!("slot {i}: cell leased, entry unpinned"));
+        }
+        Ok(())
+    }
+
+    /// Entries with a hit cell.
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn celled(&self) -> usize {
+        self.nodes().filter(|(_, n)| n.celled()).count()
     }
 
     /// Keys of `kind` in eviction order.

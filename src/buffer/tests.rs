@@ -293,3 +293,5 @@ fn every_eviction_is_the_one_the_rule_picks() {
     );
     b.validate().unwrap();
 }
+
+mod hits;

@@ -9,12 +9,17 @@
 //! than `SLACK` apart: for eviction, entries used by different threads are
 //! ordered within that many uses of each other.
 //!
+//! A hit through a cell (`buffer::cell`) takes its tick with no shard
+//! lock ([`Ticks::next_released`]) and records it in its way's clock of
+//! releases, a cache line that only threads of that way write.
+//!
 //! Work on the IO pool (a read that lands, a failed write put back) uses
-//! [`Ticks::next_synced`]: it reads every shard's newest tick and
-//! publishes its own, so that it comes after every use that happened
-//! before the job, and the host's next use after it (after `flush`, say)
-//! comes after it in turn.
+//! [`Ticks::next_synced`]: it comes after every shard's newest tick and
+//! every release's, and publishes its own, so that it comes after every
+//! use that happened before the job, and the host's next use after it
+//! (after `flush`, say) comes after it in turn.
 
+use crate::buffer::way::{self, WAYS};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -29,43 +34,68 @@ thread_local! {
     static LAST: Cell<u64> = const { Cell::new(0) };
 }
 
-/// The buffer's published clock, on cache lines of its own: read by every
-/// tick, written once per [`SLACK`] ticks.
+/// A clock on cache lines of its own.
+#[derive(Default)]
 #[repr(align(128))]
+struct Clock(AtomicU64);
+
+/// The buffer's published clock, read by every tick and written once per
+/// [`SLACK`] ticks, and the newest release through a hit cell per way.
 pub(crate) struct Ticks {
-    published: AtomicU64,
+    published: Clock,
+    released: [Clock; WAYS],
 }
 
 impl Ticks {
     pub(crate) fn new() -> Self {
         Ticks {
-            published: AtomicU64::new(0),
+            published: Clock::default(),
+            released: Default::default(),
         }
+    }
+
+    /// A tick for the release of a hit cell's pin, taken with no shard
+    /// lock and recorded as its way's newest release.
+    #[inline]
+    pub(crate) fn next_released(&self) -> u64 {
+        let t = self.next(0);
+        self.released[way::this_thread()].0.fetch_max(t, Relaxed);
+        t
+    }
+
+    /// The newest tick a release through a hit cell took.
+    pub(crate) fn newest_released(&self) -> u64 {
+        self.released
+            .iter()
+            .map(|c| c.0.load(Relaxed))
+            .max()
+            .unwrap_or(0)
     }
 
     /// A tick for an entry of a shard whose newest tick is `floor`. Take it
     /// under that shard's lock and store it as the shard's newest.
     #[inline]
     pub(crate) fn next(&self, floor: u64) -> u64 {
-        let published = self.published.load(Relaxed);
+        let published = self.published.0.load(Relaxed);
         let t = LAST.with(|last| {
             let t = last.get().max(floor).max(published) + 1;
             last.set(t);
             t
         });
         if t >= published.saturating_add(SLACK) {
-            self.published.fetch_max(t, Relaxed);
+            self.published.0.fetch_max(t, Relaxed);
         }
         t
     }
 
     /// A tick after every tick in `floors` (every shard's newest) and every
-    /// published one, published at once. For work that runs on the IO pool
-    /// on behalf of the host. Take it under the lock of the shard it orders.
+    /// tick taken so far, published at once. For work that runs on the IO
+    /// pool on behalf of the host. Take it under the lock of the shard it
+    /// orders.
     pub(crate) fn next_synced(&self, floors: impl Iterator<Item = u64>) -> u64 {
-        let floor = floors.max().unwrap_or(0);
+        let floor = floors.max().unwrap_or(0).max(self.newest_released());
         let t = self.next(floor);
-        self.published.fetch_max(t, Relaxed);
+        self.published.0.fetch_max(t, Relaxed);
         t
     }
 }
@@ -115,5 +145,28 @@ mod tests {
         // Another thread's next tick comes after it, whatever its own past.
         let later = std::thread::scope(|s| s.spawn(|| ticks.next(0)).join().unwrap());
         assert!(later > synced, "{later} after the synced {synced}");
+    }
+
+    #[test]
+    fn a_synced_tick_comes_after_unpublished_releases_of_other_threads() {
+        let ticks = Ticks::new();
+        // Another thread releases hit cells, never reaching the point
+        // where it publishes.
+        let theirs = std::thread::scope(|s| {
+            s.spawn(|| (0..SLACK / 2).map(|_| ticks.next_released()).max().unwrap())
+                .join()
+                .unwrap()
+        });
+        assert!(
+            ticks.published.0.load(Relaxed) < theirs,
+            "the test wants unpublished ticks"
+        );
+        assert_eq!(ticks.newest_released(), theirs);
+        let synced = std::thread::scope(|s| {
+            s.spawn(|| ticks.next_synced(std::iter::empty()))
+                .join()
+                .unwrap()
+        });
+        assert!(synced > theirs, "synced {synced} after {theirs}");
     }
 }

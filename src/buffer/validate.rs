@@ -23,9 +23,11 @@ impl<K: Key, V: Spill> Inner<K, V> {
         // a time, here too.
         let mut owned = Vec::new();
         let mut disk_sum = 0u64;
+        let mut celled = 0;
         for (s, locked) in self.shards.iter().enumerate() {
             let shard = locked.core.lock();
             shard.validate().map_err(|e| format!("shard {s}: {e}"))?;
+            celled += shard.celled();
             for kind in [ListKind::Clean, ListKind::Dirty] {
                 let published = locked.tails[kind as usize].load(Relaxed);
                 if published != shard.tail_tick(kind) {
@@ -132,6 +134,13 @@ impl<K: Key, V: Spill> Inner<K, V> {
                     "gauge {name} is {gauge}, entries add up to {counted}"
                 ));
             }
+        }
+        // Each shard checked its entries' cells; none is left over.
+        if celled != self.hits.len() {
+            return Err(format!(
+                "{celled} entries have a hit cell, the index holds {}",
+                self.hits.len()
+            ));
         }
         if spilling != 0 {
             return Err(format!(

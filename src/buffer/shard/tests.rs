@@ -104,3 +104,13 @@ fn validate_catches_a_node_on_the_wrong_list() {
     s.lists.link_front(&mut s.slab, 0, i, ListKind::Clean, 5);
     assert!(s.validate().is_err());
 }
+
+/// An owner for a shard of its own: its cells' releases call back nobody.
+pub(crate) struct NoOwner;
+
+impl<V> crate::buffer::pinned::PinOwner<V> for NoOwner {
+    fn repin(&self, _: crate::buffer::pinned::PinAt) {}
+    fn unpin(&self, _: crate::buffer::pinned::PinAt, _: bool, _: Arc<V>) {}
+    fn end_lease(&self, _: &crate::buffer::cell::HitCell<V>) {}
+    fn consume_cell(&self, _: &crate::buffer::cell::HitCell<V>) {}
+}

@@ -1,0 +1,1002 @@
+//! Tests of the hit cell's protocol.
+//!
+//! - `unit`: one-thread checks of every step of the word's protocol, and a
+//!   stress test with real threads that pin while a stand-in shard closes
+//!   and reopens the cell under a mutex.
+//! - `schedules` (`RUSTFLAGS="--cfg shuttle"`): the races the design
+//!   names, explored by shuttle's randomised schedulers against a model of
+//!   the shard's books (on the list, lease pin, removed, value taken).
+
+use super::*;
+
+/// Where the test cells' entry is (a version per cell in `schedules`).
+fn at(version: u64) -> PinAt {
+    PinAt {
+        shard: 3,
+        slot: 7,
+        version,
+    }
+}
+
+#[cfg(not(shuttle))]
+mod unit {
+    use super::*;
+    use crate::buffer::hash::KeyHash;
+    use crate::buffer::pinned::Pinned;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant};
+
+    const VALUE: u64 = 0x5eed;
+
+    /// What the stand-in buffer was asked to do.
+    #[derive(Default, Debug)]
+    struct Calls {
+        repin: u32,
+        unpin: u32,
+        end_lease: u32,
+        consume: u32,
+    }
+
+    /// A buffer that only records the calls.
+    #[derive(Default)]
+    struct Recorder {
+        calls: Mutex<Calls>,
+    }
+
+    impl PinOwner<u64> for Recorder {
+        fn repin(&self, _: PinAt) {
+            self.calls.lock().unwrap().repin += 1;
+        }
+
+        fn unpin(&self, _: PinAt, _: bool, _: Arc<u64>) {
+            self.calls.lock().unwrap().unpin += 1;
+        }
+
+        fn end_lease(&self, _: &HitCell<u64>) {
+            self.calls.lock().unwrap().end_lease += 1;
+        }
+
+        fn consume_cell(&self, cell: &HitCell<u64>) {
+            let mut calls = self.calls.lock().unwrap();
+            calls.consume += 1;
+            if cell.release() == Released::EndLease {
+                calls.end_lease += 1;
+            }
+        }
+    }
+
+    impl Recorder {
+        /// The cell never takes the shard's own pin path.
+        fn assert_no_entry_pins(&self) {
+            let calls = self.calls.lock().unwrap();
+            assert_eq!((calls.repin, calls.unpin), (0, 0), "{calls:?}");
+        }
+    }
+
+    /// A closed cell holding `VALUE`, owned by a fresh recorder.
+    fn fixture() -> (Arc<Recorder>, Arc<Ticks>, HitCell<u64>) {
+        let owner = Arc::new(Recorder::default());
+        let ticks = Arc::new(Ticks::new());
+        let weak: Weak<dyn PinOwner<u64>> = Arc::downgrade(&owner) as _;
+        let cell = HitCell::new(Arc::new(VALUE), weak, Arc::clone(&ticks), at(1));
+        (owner, ticks, cell)
+    }
+
+    #[test]
+    fn a_closed_cell_refuses_hits() {
+        let (owner, ticks, cell) = fixture();
+        // New cells are closed.
+        assert!(!cell.is_open());
+        assert!(!cell.try_pin(), "a new (closed) cell was pinned");
+        assert_eq!(cell.pins(), 0);
+        assert!(cell.is_idle());
+        // Opened, then closed again.
+        cell.open(ticks.next(0));
+        assert_eq!(cell.close(), 0);
+        assert!(!cell.try_pin(), "a closed cell was pinned");
+        assert_eq!(cell.pins(), 0);
+        assert!(!cell.is_leased());
+        owner.assert_no_entry_pins();
+    }
+
+    #[test]
+    fn an_open_cell_pins_and_release_is_done() {
+        let (owner, ticks, cell) = fixture();
+        cell.open(ticks.next(0));
+        assert!(cell.is_open());
+        assert!(cell.try_pin());
+        assert!(cell.try_pin());
+        assert_eq!(cell.pins(), 2);
+        assert_eq!(**cell.value(), VALUE);
+        assert_eq!(cell.release(), Released::Done);
+        assert_eq!(cell.release(), Released::Done);
+        assert_eq!(cell.pins(), 0);
+        assert!(cell.is_open(), "a release closed the cell");
+        assert!(!cell.is_leased());
+        assert!(!cell.is_idle(), "an open cell counts as idle");
+        let calls = owner.calls.lock().unwrap();
+        assert_eq!(
+            calls.end_lease, 0,
+            "a release of an open cell ended a lease"
+        );
+    }
+
+    #[test]
+    fn closing_a_pinned_cell_leases_until_the_last_release() {
+        let (owner, ticks, cell) = fixture();
+        cell.open(ticks.next(0));
+        for _ in 0..3 {
+            assert!(cell.try_pin());
+        }
+        assert_eq!(cell.close(), 3, "close reports the pins it leased");
+        assert!(!cell.is_open());
+        assert!(cell.is_leased());
+        assert_eq!(cell.pins(), 3);
+        assert!(!cell.is_idle());
+        assert!(!cell.try_pin(), "a leased cell was pinned");
+        // Closing again leases nothing more and keeps the lease.
+        assert_eq!(cell.close(), 0);
+        assert!(cell.is_leased());
+        // The pins still read the value.
+        assert_eq!(**cell.value(), VALUE);
+        assert_eq!(cell.release(), Released::Done);
+        assert!(cell.is_leased(), "the lease ended with a pin left");
+        assert_eq!(cell.release(), Released::Done);
+        assert!(cell.is_leased(), "the lease ended with a pin left");
+        assert_eq!(cell.release(), Released::EndLease);
+        assert!(!cell.is_leased(), "the last release left the lease bit");
+        assert_eq!(cell.pins(), 0);
+        assert!(cell.is_idle());
+        assert!(!cell.try_pin());
+        // Opened again (the lease given back and the entry relinked), the
+        // cell's releases are plain ones again.
+        cell.open(ticks.next(0));
+        assert!(cell.try_pin());
+        assert_eq!(cell.release(), Released::Done);
+        owner.assert_no_entry_pins();
+    }
+
+    #[test]
+    fn closing_an_unpinned_cell_leaves_it_idle() {
+        let (_owner, ticks, cell) = fixture();
+        cell.open(ticks.next(0));
+        // Pins that come and go before the close leave nothing.
+        assert!(cell.try_pin());
+        assert_eq!(cell.release(), Released::Done);
+        assert_eq!(cell.close(), 0);
+        assert!(!cell.is_open());
+        assert!(!cell.is_leased());
+        assert!(cell.is_idle());
+    }
+
+    #[test]
+    fn release_stores_a_tick_newer_than_the_open() {
+        let (_owner, ticks, cell) = fixture();
+        let opened = ticks.next(0);
+        cell.open(opened);
+        assert_eq!(cell.last_use(), opened, "open stores its tick");
+        assert!(cell.try_pin());
+        assert_eq!(cell.last_use(), opened, "a pin stored a tick");
+        assert_eq!(cell.release(), Released::Done);
+        let used = cell.last_use();
+        assert!(used > opened, "release stored {used}, opened at {opened}");
+        assert!(cell.try_pin());
+        assert_eq!(cell.release(), Released::Done);
+        assert!(cell.last_use() > used, "a later release is not newer");
+        // A leased release stores its tick too (the shard relinks by it).
+        let before = cell.last_use();
+        assert!(cell.try_pin());
+        assert_eq!(cell.close(), 1);
+        assert_eq!(cell.release(), Released::EndLease);
+        assert!(cell.last_use() > before);
+    }
+
+    #[test]
+    fn repin_adds_a_pin_that_needs_its_own_release() {
+        let (_owner, ticks, cell) = fixture();
+        cell.open(ticks.next(0));
+        assert!(cell.try_pin());
+        cell.repin();
+        assert_eq!(cell.pins(), 2);
+        assert_eq!(cell.release(), Released::Done);
+        assert_eq!(cell.pins(), 1);
+        assert_eq!(cell.release(), Released::Done);
+        assert_eq!(cell.pins(), 0);
+
+        // A repin before the close is leased with the rest.
+        assert!(cell.try_pin());
+        cell.repin();
+        assert_eq!(cell.close(), 2);
+        assert_eq!(cell.release(), Released::Done);
+        assert!(cell.is_leased());
+        assert_eq!(cell.release(), Released::EndLease);
+        assert!(cell.is_idle());
+
+        // A repin of a leased cell (a guard cloned after the close) joins
+        // the lease: the lease ends with the last of them.
+        cell.open(ticks.next(0));
+        assert!(cell.try_pin());
+        assert_eq!(cell.close(), 1);
+        cell.repin();
+        assert_eq!(cell.pins(), 2);
+        assert_eq!(cell.release(), Released::Done);
+        assert!(cell.is_leased());
+        assert_eq!(cell.release(), Released::EndLease);
+        assert!(cell.is_idle());
+    }
+
+    #[test]
+    fn take_value_only_from_a_closed_idle_cell_and_once() {
+        let (_owner, ticks, cell) = fixture();
+        cell.open(ticks.next(0));
+        assert!(
+            cell.take_value().is_none(),
+            "took the value of an open cell"
+        );
+        assert!(cell.try_pin());
+        assert!(cell.take_value().is_none(), "took a pinned value");
+        assert_eq!(cell.close(), 1);
+        assert!(cell.take_value().is_none(), "took a leased value");
+        assert_eq!(**cell.value(), VALUE, "the pin lost its value");
+        assert_eq!(cell.release(), Released::EndLease);
+        let value = cell
+            .take_value()
+            .expect("a closed idle cell gives its value");
+        assert_eq!(*value, VALUE);
+        assert!(cell.take_value().is_none(), "the value was taken twice");
+        // Taking it gave up the cell's handle: ours is the only one.
+        assert_eq!(Arc::strong_count(&value), 1);
+
+        // A cell never opened is closed and idle: its value can go.
+        let (_owner, _ticks, fresh) = fixture();
+        assert_eq!(fresh.take_value().as_deref(), Some(&VALUE));
+        assert!(fresh.take_value().is_none());
+    }
+
+    #[test]
+    fn owner_and_place() {
+        let (owner, _ticks, cell) = fixture();
+        assert_eq!(cell.at(), at(1));
+        assert!(cell.owner().is_some());
+        drop(owner);
+        assert!(cell.owner().is_none(), "the cell kept its buffer alive");
+    }
+
+    #[test]
+    fn guards_of_a_cell_end_the_lease_through_the_owner() {
+        let (owner, ticks, cell) = fixture();
+        let cell = Arc::new(cell);
+        cell.open(ticks.next(0));
+        assert!(cell.try_pin());
+        let guard = Pinned::of_cell(Arc::clone(&cell));
+        let clone = guard.clone();
+        assert_eq!(cell.pins(), 2, "a cloned guard did not repin the cell");
+        assert_eq!(*guard, VALUE);
+        assert_eq!(cell.close(), 2);
+        drop(clone);
+        assert_eq!(owner.calls.lock().unwrap().end_lease, 0);
+        drop(guard);
+        assert_eq!(owner.calls.lock().unwrap().end_lease, 1);
+        assert!(cell.is_idle());
+
+        // Consuming goes through the owner, which releases the pin.
+        cell.open(ticks.next(0));
+        assert!(cell.try_pin());
+        Pinned::of_cell(Arc::clone(&cell)).consume();
+        assert_eq!(owner.calls.lock().unwrap().consume, 1);
+        assert_eq!(cell.pins(), 0);
+
+        // With the buffer gone, the last release of a lease does nothing
+        // but release.
+        assert!(cell.try_pin());
+        let guard = Pinned::of_cell(Arc::clone(&cell));
+        assert_eq!(cell.close(), 1);
+        drop(owner);
+        assert_eq!(*guard, VALUE);
+        drop(guard);
+        assert!(cell.is_idle());
+    }
+
+    #[test]
+    fn the_index_pins_only_open_cells() {
+        let (_owner, ticks, cell) = fixture();
+        let cell = Arc::new(cell);
+        let index = HitIndex::new(KeyHash::new());
+        assert!(index.pin(&5u64).is_none());
+        index.publish(5u64, Arc::clone(&cell));
+        assert_eq!(index.len(), 1);
+        assert!(index.pin(&5u64).is_none(), "pinned a closed cell");
+        cell.open(ticks.next(0));
+        let pinned = index.pin(&5u64).expect("an open cell pins");
+        assert!(Arc::ptr_eq(&pinned, &cell));
+        assert_eq!(cell.pins(), 1);
+        assert!(index.pin(&6u64).is_none());
+        assert_eq!(pinned.release(), Released::Done);
+        assert!(Arc::ptr_eq(&index.get(&5).unwrap(), &cell));
+        assert_eq!(cell.close(), 0);
+        assert!(index.pin(&5u64).is_none());
+        index.withdraw(&5);
+        assert!(index.get(&5).is_none());
+        assert_eq!(index.len(), 0);
+        assert_eq!(cell.pins(), 0);
+    }
+
+    /// The stand-in shard's books for the stress test.
+    #[derive(Default, Debug)]
+    struct Books {
+        /// The entry is on the list (the cell is open).
+        linked: bool,
+        /// The entry's one pin for a lease.
+        lease_pins: u32,
+        leases_taken: u64,
+        leases_ended: u64,
+        /// Leases ended by a consuming release (inside `consume_cell`).
+        consume_ends: u64,
+    }
+
+    struct StressShard {
+        books: Mutex<Books>,
+        ticks: Arc<Ticks>,
+    }
+
+    impl StressShard {
+        /// Give a lease back, under the lock; every other lease relinks the
+        /// entry at once, the rest wait for the closer thread to.
+        fn end_locked(&self, books: &mut Books, cell: &HitCell<u64>) {
+            assert_eq!(books.lease_pins, 1, "a lease ended that was not taken");
+            assert!(!books.linked, "a lease ended on a linked entry");
+            assert!(cell.is_idle(), "a lease ended with pins or lease bit");
+            books.lease_pins = 0;
+            books.leases_ended += 1;
+            if books.leases_ended % 2 == 0 {
+                cell.open(self.ticks.next(0));
+                books.linked = true;
+            }
+        }
+    }
+
+    impl PinOwner<u64> for StressShard {
+        fn repin(&self, _: PinAt) {
+            unreachable!("the hit path never pins through the shard")
+        }
+
+        fn unpin(&self, _: PinAt, _: bool, _: Arc<u64>) {
+            unreachable!("the hit path never pins through the shard")
+        }
+
+        fn end_lease(&self, cell: &HitCell<u64>) {
+            self.end_locked(&mut self.books.lock().unwrap(), cell);
+        }
+
+        fn consume_cell(&self, cell: &HitCell<u64>) {
+            let mut books = self.books.lock().unwrap();
+            if cell.release() == Released::EndLease {
+                books.consume_ends += 1;
+                self.end_locked(&mut books, cell);
+            }
+        }
+    }
+
+    #[test]
+    fn threads_pin_while_the_shard_closes_and_reopens() {
+        const HITTERS: usize = 3;
+        const LEASES: u64 = 1_000;
+        let ticks = Arc::new(Ticks::new());
+        let shard = Arc::new(StressShard {
+            books: Mutex::new(Books::default()),
+            ticks: Arc::clone(&ticks),
+        });
+        let weak: Weak<dyn PinOwner<u64>> = Arc::downgrade(&shard) as _;
+        let cell = HitCell::new(Arc::new(VALUE), weak, Arc::clone(&ticks), at(1));
+        {
+            let mut books = shard.books.lock().unwrap();
+            cell.open(ticks.next(0));
+            books.linked = true;
+        }
+        let stop = AtomicBool::new(false);
+        let hits = AtomicU64::new(0);
+        let release_ends = AtomicU64::new(0);
+        // A bound on the run, not a synchronisation: the closer stops at
+        // LEASES leases or at the deadline, whichever comes first.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut rounds = 0u64;
+        std::thread::scope(|scope| {
+            for t in 0..HITTERS {
+                let (cell, stop, hits, release_ends) = (&cell, &stop, &hits, &release_ends);
+                scope.spawn(move || {
+                    let mut i = t as u64;
+                    while !stop.load(Relaxed) {
+                        i += 1;
+                        if !cell.try_pin() {
+                            // Closed: leave the core to the closer.
+                            std::thread::yield_now();
+                            continue;
+                        }
+                        hits.fetch_add(1, Relaxed);
+                        assert_eq!(**cell.value(), VALUE, "a pin lost its value");
+                        let mut held = 1;
+                        if i % 5 == 0 {
+                            cell.repin();
+                            held += 1;
+                        }
+                        for _ in 0..i % 8 {
+                            std::hint::spin_loop();
+                        }
+                        assert_eq!(**cell.value(), VALUE, "a pin lost its value");
+                        for k in 0..held {
+                            if i % 11 == 0 && k == 0 {
+                                cell.owner().expect("the shard lives").consume_cell(cell);
+                            } else if cell.release() == Released::EndLease {
+                                release_ends.fetch_add(1, Relaxed);
+                                cell.owner().expect("the shard lives").end_lease(cell);
+                            }
+                        }
+                    }
+                });
+            }
+            // The closer: takes the entry off its list (closing the cell),
+            // and puts it back once its lease, if any, is given back.
+            loop {
+                rounds += 1;
+                {
+                    let mut books = shard.books.lock().unwrap();
+                    if books.linked {
+                        books.linked = false;
+                        let pins = cell.close();
+                        if pins > 0 {
+                            assert_eq!(books.lease_pins, 0, "a second lease");
+                            books.lease_pins = 1;
+                            books.leases_taken += 1;
+                        } else {
+                            assert!(cell.is_idle(), "closed unpinned, not idle");
+                        }
+                    } else if books.lease_pins == 0 {
+                        assert!(cell.is_idle(), "relinked with pins or lease bit");
+                        cell.open(ticks.next(0));
+                        books.linked = true;
+                    }
+                    if books.leases_taken >= LEASES || Instant::now() > deadline {
+                        break;
+                    }
+                }
+                std::thread::yield_now();
+            }
+            stop.store(true, Relaxed);
+        });
+        let books = shard.books.lock().unwrap();
+        let hits = hits.into_inner();
+        eprintln!("TMP rounds {rounds} hits {hits} {books:?}");
+        assert!(hits > 0, "no hit in {rounds} rounds");
+        assert!(
+            books.leases_taken > 0,
+            "no close met a pin in {rounds} rounds and {hits} hits"
+        );
+        assert_eq!(books.leases_taken, books.leases_ended, "{books:?}");
+        assert_eq!(
+            release_ends.into_inner() + books.consume_ends,
+            books.leases_ended,
+            "a lease ended without an EndLease, or twice: {books:?}"
+        );
+        assert_eq!(books.lease_pins, 0);
+        assert_eq!(cell.pins(), 0, "pins left");
+        assert!(!cell.is_leased(), "lease bit left");
+        assert_eq!(cell.is_open(), books.linked);
+    }
+}
+
+#[cfg(shuttle)]
+mod schedules {
+    use super::*;
+    use shuttle::sync::Mutex;
+    use shuttle::thread;
+
+    /// Schedules per scheduler per test.
+    const ITERATIONS: usize = 10_000;
+
+    /// Run `schedule` under shuttle's random and PCT schedulers.
+    fn explore(schedule: fn()) {
+        shuttle::check_random(schedule, ITERATIONS);
+        shuttle::check_pct(schedule, ITERATIONS, 3);
+    }
+
+    /// The value of the cell made for `version`.
+    fn value_of(version: u64) -> u64 {
+        1_000 + version
+    }
+
+    /// The shard's books for one entry version (one cell).
+    #[derive(Debug, Default)]
+    struct Model {
+        /// On the list: the cell must be open.
+        linked: bool,
+        /// The entry's pin for a lease (0 or 1).
+        lease_pins: u32,
+        /// Removed, or evicted: the value leaves memory once no lease
+        /// holds it.
+        removed: bool,
+        /// `take_value` gave the value up.
+        value_taken: bool,
+        leases_taken: u32,
+        leases_ended: u32,
+        /// Leases whose EndLease came out of `consume_cell`.
+        consume_ends: u32,
+    }
+
+    /// The stand-in shard: its books under its lock, one model per cell
+    /// version (the books outlive the shard, for the test's checks).
+    struct Shard {
+        models: Arc<Mutex<Vec<Model>>>,
+        ticks: Arc<Ticks>,
+    }
+
+    impl Shard {
+        fn new(versions: usize) -> Arc<Self> {
+            Arc::new(Shard {
+                models: Arc::new(Mutex::new(
+                    (0..versions).map(|_| Model::default()).collect(),
+                )),
+                ticks: Arc::new(Ticks::new()),
+            })
+        }
+
+        /// A new, closed cell for `version`, holding `value`.
+        fn cell_with(self: &Arc<Self>, version: u64, value: Arc<u64>) -> Arc<HitCell<u64>> {
+            let weak: Weak<dyn PinOwner<u64>> = Arc::downgrade(self) as _;
+            Arc::new(HitCell::new(
+                value,
+                weak,
+                Arc::clone(&self.ticks),
+                at(version),
+            ))
+        }
+
+        fn cell(self: &Arc<Self>, version: u64) -> Arc<HitCell<u64>> {
+            self.cell_with(version, Arc::new(value_of(version)))
+        }
+
+        fn link_locked(&self, m: &mut Model, cell: &HitCell<u64>) {
+            assert!(!m.linked && !m.removed && m.lease_pins == 0, "{m:?}");
+            assert!(cell.is_idle(), "linked with pins or the lease bit");
+            cell.open(self.ticks.next(0));
+            m.linked = true;
+        }
+
+        /// Put `cell`'s entry on the list.
+        fn link(&self, cell: &HitCell<u64>) {
+            let mut models = self.models.lock().unwrap();
+            self.link_locked(&mut models[cell.at().version as usize], cell);
+        }
+
+        /// Evict `cell`'s entry if it is on the list.
+        fn evict(&self, cell: &HitCell<u64>) {
+            let mut models = self.models.lock().unwrap();
+            evict_locked(&mut models[cell.at().version as usize], cell);
+        }
+
+        /// Remove `cell`'s entry.
+        fn remove(&self, cell: &HitCell<u64>) {
+            let mut models = self.models.lock().unwrap();
+            remove_locked(&mut models[cell.at().version as usize], cell);
+        }
+
+        fn end_lease_locked(&self, m: &mut Model, cell: &HitCell<u64>) {
+            assert_eq!(m.lease_pins, 1, "a lease ended that was not taken: {m:?}");
+            assert!(!m.linked, "a lease ended on a linked entry");
+            assert!(cell.is_idle(), "a lease ended with pins or lease bit");
+            m.lease_pins = 0;
+            m.leases_ended += 1;
+            if m.removed {
+                leave_memory(m, cell);
+            } else {
+                self.link_locked(m, cell);
+            }
+        }
+    }
+
+    /// The entry's value leaves memory: the cell must give it up, once.
+    fn leave_memory(m: &mut Model, cell: &HitCell<u64>) {
+        assert!(!m.value_taken, "the value left memory twice");
+        let value = cell
+            .take_value()
+            .expect("a closed cell with no lease gives its value up");
+        assert_eq!(*value, value_of(cell.at().version));
+        m.value_taken = true;
+    }
+
+    /// Unlink and close; the pins the close found become a lease.
+    fn unlink_locked(m: &mut Model, cell: &HitCell<u64>) {
+        assert!(m.linked);
+        assert!(cell.is_open(), "a linked entry's cell is closed");
+        m.linked = false;
+        let pins = cell.close();
+        assert!(!cell.is_open());
+        if pins > 0 {
+            // (Not `is_leased()`: the last pin may be released already,
+            // its releaser now waiting for the lock to end the lease.)
+            assert_eq!(m.lease_pins, 0, "a second lease");
+            m.lease_pins = 1;
+            m.leases_taken += 1;
+        }
+    }
+
+    fn evict_locked(m: &mut Model, cell: &HitCell<u64>) {
+        if !m.linked {
+            return;
+        }
+        unlink_locked(m, cell);
+        if m.lease_pins == 0 {
+            // Nothing pinned it: evicted, its value leaves memory.
+            m.removed = true;
+            leave_memory(m, cell);
+        }
+    }
+
+    fn remove_locked(m: &mut Model, cell: &HitCell<u64>) {
+        if m.removed {
+            return;
+        }
+        if m.linked {
+            unlink_locked(m, cell);
+        }
+        m.removed = true;
+        if m.lease_pins == 0 {
+            leave_memory(m, cell);
+        }
+    }
+
+    impl PinOwner<u64> for Shard {
+        fn repin(&self, _: PinAt) {
+            unreachable!("the hit path never pins through the shard")
+        }
+
+        fn unpin(&self, _: PinAt, _: bool, _: Arc<u64>) {
+            unreachable!("the hit path never pins through the shard")
+        }
+
+        fn end_lease(&self, cell: &HitCell<u64>) {
+            let mut models = self.models.lock().unwrap();
+            self.end_lease_locked(&mut models[cell.at().version as usize], cell);
+        }
+
+        fn consume_cell(&self, cell: &HitCell<u64>) {
+            let mut models = self.models.lock().unwrap();
+            let m = &mut models[cell.at().version as usize];
+            if cell.release() == Released::EndLease {
+                m.consume_ends += 1;
+                self.end_lease_locked(m, cell);
+            }
+        }
+    }
+
+    /// What a hitter saw.
+    #[derive(Default, Debug)]
+    struct Seen {
+        hits: u32,
+        /// Releases that returned EndLease (and called `end_lease`).
+        end_leases: u32,
+        /// EndLease with the buffer gone: nobody to give the lease to.
+        orphan_ends: u32,
+    }
+
+    impl std::ops::AddAssign for Seen {
+        fn add_assign(&mut self, o: Seen) {
+            self.hits += o.hits;
+            self.end_leases += o.end_leases;
+            self.orphan_ends += o.orphan_ends;
+        }
+    }
+
+    /// A hit: pin if open, read the value (it must be intact the whole
+    /// time the pin is held), release, and give the lease back if the
+    /// release was its last pin. `consume` releases through the owner.
+    fn hit(cell: &HitCell<u64>, consume: bool, seen: &mut Seen) {
+        if !cell.try_pin() {
+            return;
+        }
+        seen.hits += 1;
+        let expect = value_of(cell.at().version);
+        assert_eq!(**cell.value(), expect, "a pinned value changed");
+        // Let the shard run while the pin is held.
+        thread::yield_now();
+        assert_eq!(**cell.value(), expect, "a pinned value changed");
+        if consume {
+            if let Some(owner) = cell.owner() {
+                return owner.consume_cell(cell);
+            }
+        }
+        if cell.release() == Released::EndLease {
+            match cell.owner() {
+                Some(owner) => {
+                    seen.end_leases += 1;
+                    owner.end_lease(cell);
+                }
+                None => seen.orphan_ends += 1,
+            }
+        }
+    }
+
+    /// The end of a schedule: every lease taken was ended once, by exactly
+    /// one EndLease; no pin or lease bit is left; the value left memory
+    /// exactly when the model says, and is still there otherwise.
+    fn check_end(models: &Mutex<Vec<Model>>, cells: &[&HitCell<u64>], seen: &Seen) {
+        let models = models.lock().unwrap();
+        let taken: u32 = models.iter().map(|m| m.leases_taken).sum();
+        let consume_ends: u32 = models.iter().map(|m| m.consume_ends).sum();
+        assert_eq!(
+            seen.end_leases + consume_ends,
+            taken,
+            "EndLease not once per lease: {seen:?} {models:?}"
+        );
+        assert_eq!(seen.orphan_ends, 0);
+        for cell in cells {
+            let m = &models[cell.at().version as usize];
+            assert_eq!(cell.pins(), 0, "pins left: {m:?}");
+            assert!(!cell.is_leased(), "lease bit left: {m:?}");
+            assert_eq!(m.lease_pins, 0, "lease pin left: {m:?}");
+            assert_eq!(m.leases_taken, m.leases_ended, "{m:?}");
+            assert_eq!(m.removed, m.value_taken, "{m:?}");
+            assert_eq!(cell.is_open(), m.linked, "{m:?}");
+            if m.value_taken {
+                assert!(cell.take_value().is_none(), "a value taken twice");
+            } else {
+                // Still in memory: on the list (the model has no other
+                // resting state), and its value still there.
+                assert!(m.linked, "{m:?}");
+                assert!(cell.try_pin());
+                assert_eq!(**cell.value(), value_of(cell.at().version));
+                assert_eq!(cell.release(), Released::Done);
+            }
+        }
+    }
+
+    /// (a) Pin vs close (the eviction freeze): hits race evictions; a hit
+    /// that pinned reads the value intact, and a lease it holds keeps the
+    /// entry (relinked when the lease ends, then evictable again).
+    fn pin_vs_close() {
+        let shard = Shard::new(1);
+        let models = Arc::clone(&shard.models);
+        let cell = shard.cell(0);
+        shard.link(&cell);
+        let hitters: Vec<_> = (0..2)
+            .map(|h| {
+                let cell = Arc::clone(&cell);
+                thread::spawn(move || {
+                    let mut seen = Seen::default();
+                    hit(&cell, false, &mut seen);
+                    hit(&cell, h == 1, &mut seen);
+                    seen
+                })
+            })
+            .collect();
+        let evictor = {
+            let (shard, cell) = (Arc::clone(&shard), Arc::clone(&cell));
+            thread::spawn(move || {
+                shard.evict(&cell);
+                shard.evict(&cell);
+            })
+        };
+        let mut seen = Seen::default();
+        for h in hitters {
+            seen += h.join().unwrap();
+        }
+        evictor.join().unwrap();
+        check_end(&models, &[&cell], &seen);
+    }
+
+    #[test]
+    fn schedules_pin_vs_close() {
+        explore(pin_vs_close);
+    }
+
+    /// (b) Last unpin vs lease: two pins (one of them a repin) released
+    /// concurrently with the close; exactly one release ends the lease if
+    /// the close found a pin.
+    fn last_unpins_vs_lease() {
+        let shard = Shard::new(1);
+        let models = Arc::clone(&shard.models);
+        let cell = shard.cell(0);
+        shard.link(&cell);
+        assert!(cell.try_pin());
+        cell.repin();
+        let releasers: Vec<_> = (0..2)
+            .map(|_| {
+                let cell = Arc::clone(&cell);
+                thread::spawn(move || {
+                    let mut seen = Seen::default();
+                    assert_eq!(**cell.value(), value_of(0));
+                    thread::yield_now();
+                    assert_eq!(**cell.value(), value_of(0));
+                    if cell.release() == Released::EndLease {
+                        seen.end_leases += 1;
+                        cell.owner().unwrap().end_lease(&cell);
+                    }
+                    seen
+                })
+            })
+            .collect();
+        let evictor = {
+            let (shard, cell) = (Arc::clone(&shard), Arc::clone(&cell));
+            thread::spawn(move || shard.evict(&cell))
+        };
+        let mut seen = Seen::default();
+        for r in releasers {
+            seen += r.join().unwrap();
+        }
+        evictor.join().unwrap();
+        check_end(&models, &[&cell], &seen);
+    }
+
+    #[test]
+    fn schedules_last_unpins_vs_lease() {
+        explore(last_unpins_vs_lease);
+    }
+
+    /// (c) Remove vs last unpin: a removal (with an eviction racing it)
+    /// while a hit holds a pin; the value leaves memory either at the
+    /// removal or at the end of the lease, once, and never under a pin.
+    fn remove_vs_last_unpin() {
+        let shard = Shard::new(1);
+        let models = Arc::clone(&shard.models);
+        let cell = shard.cell(0);
+        shard.link(&cell);
+        let hitter = {
+            let cell = Arc::clone(&cell);
+            thread::spawn(move || {
+                let mut seen = Seen::default();
+                hit(&cell, false, &mut seen);
+                hit(&cell, false, &mut seen);
+                seen
+            })
+        };
+        let evictor = {
+            let (shard, cell) = (Arc::clone(&shard), Arc::clone(&cell));
+            thread::spawn(move || shard.evict(&cell))
+        };
+        let remover = {
+            let (shard, cell) = (Arc::clone(&shard), Arc::clone(&cell));
+            thread::spawn(move || shard.remove(&cell))
+        };
+        let seen = hitter.join().unwrap();
+        evictor.join().unwrap();
+        remover.join().unwrap();
+        {
+            let models = models.lock().unwrap();
+            assert!(models[0].removed && models[0].value_taken, "{models:?}");
+        }
+        check_end(&models, &[&cell], &seen);
+    }
+
+    #[test]
+    fn schedules_remove_vs_last_unpin() {
+        explore(remove_vs_last_unpin);
+    }
+
+    /// (d) Replace vs pin: the shard removes the old version and publishes
+    /// a new open cell in the slot the hits read (the index); a hit pins
+    /// whichever cell it loaded and reads the value that cell was made
+    /// with. An eviction of whatever the slot holds races both.
+    fn replace_vs_pin() {
+        let shard = Shard::new(2);
+        let models = Arc::clone(&shard.models);
+        let old = shard.cell(0);
+        shard.link(&old);
+        let slot = Arc::new(Mutex::new(Arc::clone(&old)));
+        let load = |slot: &Mutex<Arc<HitCell<u64>>>| Arc::clone(&slot.lock().unwrap());
+        let hitters: Vec<_> = (0..2)
+            .map(|h| {
+                let slot = Arc::clone(&slot);
+                thread::spawn(move || {
+                    let mut seen = Seen::default();
+                    for round in 0..2 {
+                        let cell = load(&slot);
+                        hit(&cell, h == 1 && round == 1, &mut seen);
+                    }
+                    seen
+                })
+            })
+            .collect();
+        let replacer = {
+            let (shard, slot, old) = (Arc::clone(&shard), Arc::clone(&slot), Arc::clone(&old));
+            thread::spawn(move || {
+                let mut models = shard.models.lock().unwrap();
+                remove_locked(&mut models[0], &old);
+                let new = shard.cell(1);
+                shard.link_locked(&mut models[1], &new);
+                *slot.lock().unwrap() = new;
+            })
+        };
+        let evictor = {
+            let (shard, slot) = (Arc::clone(&shard), Arc::clone(&slot));
+            thread::spawn(move || {
+                let cell = load(&slot);
+                shard.evict(&cell);
+            })
+        };
+        let mut seen = Seen::default();
+        for h in hitters {
+            seen += h.join().unwrap();
+        }
+        replacer.join().unwrap();
+        evictor.join().unwrap();
+        let new = load(&slot);
+        assert_eq!(new.at().version, 1);
+        {
+            let models = models.lock().unwrap();
+            assert!(models[0].removed && models[0].value_taken, "{models:?}");
+        }
+        check_end(&models, &[&old, &new], &seen);
+    }
+
+    #[test]
+    fn schedules_replace_vs_pin() {
+        explore(replace_vs_pin);
+    }
+
+    /// (e) The buffer dropped with pins alive: the owner goes (maybe after
+    /// an eviction leased the pins) while hits hold pins. The pins still
+    /// read the value; a lease whose last release finds no owner ends with
+    /// nobody to tell; no pin or lease bit is left, and the value goes with
+    /// the cell.
+    fn buffer_dropped_with_pins_alive() {
+        let shard = Shard::new(1);
+        let models = Arc::clone(&shard.models);
+        let value = Arc::new(value_of(0));
+        let cell = shard.cell_with(0, Arc::clone(&value));
+        shard.link(&cell);
+        let hitters: Vec<_> = (0..2)
+            .map(|_| {
+                let cell = Arc::clone(&cell);
+                thread::spawn(move || {
+                    let mut seen = Seen::default();
+                    hit(&cell, false, &mut seen);
+                    seen
+                })
+            })
+            .collect();
+        let dropper = {
+            let cell = Arc::clone(&cell);
+            // The only strong handle on the buffer.
+            thread::spawn(move || {
+                shard.evict(&cell);
+                drop(shard);
+            })
+        };
+        let mut seen = Seen::default();
+        for h in hitters {
+            seen += h.join().unwrap();
+        }
+        dropper.join().unwrap();
+        assert!(
+            cell.owner().is_none(),
+            "the buffer outlived its last handle"
+        );
+        assert_eq!(cell.pins(), 0, "pins left");
+        assert!(!cell.is_leased(), "lease bit left");
+        let models = models.lock().unwrap();
+        let m = &models[0];
+        assert_eq!(cell.is_open(), m.linked, "{m:?}");
+        assert_eq!(
+            seen.end_leases + seen.orphan_ends,
+            m.leases_taken,
+            "EndLease not once per lease: {seen:?} {m:?}"
+        );
+        assert_eq!(m.leases_ended, seen.end_leases, "{seen:?} {m:?}");
+        assert_eq!(m.value_taken, m.removed, "{m:?}");
+        if m.value_taken {
+            assert_eq!(Arc::strong_count(&value), 1, "the taken value leaked");
+        } else {
+            // Still in the cell (leased and relinked, or orphaned): it goes
+            // with the cell.
+            assert_eq!(Arc::strong_count(&value), 2);
+            assert_eq!(Arc::strong_count(&cell), 1, "a hitter kept the cell");
+            drop(cell);
+            assert_eq!(Arc::strong_count(&value), 1, "the value outlived its cell");
+        }
+    }
+
+    #[test]
+    fn schedules_buffer_dropped_with_pins_alive() {
+        explore(buffer_dropped_with_pins_alive);
+    }
+}
