@@ -246,6 +246,13 @@ fn metadata(o: &Opts) {
     let r2 = rss();
     let total = r2.saturating_sub(r0);
     let per_key = (total as f64 - payload as f64) / n as f64;
+    // Each key pinned once: the next pins of a key take the hit path,
+    // whose cell and index entry it now has.
+    for i in 0..n as u64 {
+        drop(b.try_pin(&i));
+    }
+    let r3 = rss();
+    let per_pinned_key = (r3.saturating_sub(r0) as f64 - payload as f64) / n as f64;
     emit(
         o,
         Line {
@@ -260,6 +267,7 @@ fn metadata(o: &Opts) {
             raw: payload as f64 / n as f64,
             extra: json!({
                 "metadata_bytes_per_key": (per_key * 10.0).round() / 10.0,
+                "metadata_bytes_per_pinned_key": (per_pinned_key * 10.0).round() / 10.0,
                 "rss_with_buffer_bytes": total,
                 "rss_values_alone_bytes": payload,
             }),

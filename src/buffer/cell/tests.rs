@@ -60,7 +60,7 @@ mod unit {
         fn consume_cell(&self, cell: &HitCell<u64>) {
             let mut calls = self.calls.lock().unwrap();
             calls.consume += 1;
-            if cell.release() == Released::EndLease {
+            if cell.release_consumed() == Released::EndLease {
                 calls.end_lease += 1;
             }
         }
@@ -190,6 +190,23 @@ mod unit {
         assert_eq!(cell.close(), 1);
         assert_eq!(cell.release(), Released::EndLease);
         assert!(cell.last_use() > before);
+    }
+
+    #[test]
+    fn a_consumed_release_records_no_use() {
+        let (_owner, ticks, cell) = fixture();
+        let opened = ticks.next(0);
+        cell.open(opened);
+        assert!(cell.try_pin());
+        assert!(cell.try_pin());
+        assert_eq!(cell.release_consumed(), Released::Done);
+        assert_eq!(cell.last_use(), opened, "a consumed release stored a tick");
+        assert_eq!(cell.pins(), 1);
+        // It ends a lease like any release.
+        assert_eq!(cell.close(), 1);
+        assert_eq!(cell.release_consumed(), Released::EndLease);
+        assert!(cell.is_idle());
+        assert_eq!(cell.last_use(), opened);
     }
 
     #[test]
@@ -371,10 +388,19 @@ mod unit {
 
         fn consume_cell(&self, cell: &HitCell<u64>) {
             let mut books = self.books.lock().unwrap();
-            if cell.release() == Released::EndLease {
+            if cell.release_consumed() == Released::EndLease {
                 books.consume_ends += 1;
                 self.end_locked(&mut books, cell);
             }
+        }
+    }
+
+    /// Sets the flag when dropped, panicking or not.
+    struct StopOnDrop<'a>(&'a AtomicBool);
+
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Relaxed);
         }
     }
 
@@ -435,6 +461,10 @@ mod unit {
                     }
                 });
             }
+            // The hitters stop when the closer does, also if it panics
+            // (a hitter's panic poisons the lock, and the closer's next
+            // lock panics): else the scope would wait for them forever.
+            let _stop = StopOnDrop(&stop);
             // The closer: takes the entry off its list (closing the cell),
             // and puts it back once its lease, if any, is given back.
             loop {
@@ -462,11 +492,9 @@ mod unit {
                 }
                 std::thread::yield_now();
             }
-            stop.store(true, Relaxed);
         });
         let books = shard.books.lock().unwrap();
         let hits = hits.into_inner();
-        eprintln!("TMP rounds {rounds} hits {hits} {books:?}");
         assert!(hits > 0, "no hit in {rounds} rounds");
         assert!(
             books.leases_taken > 0,
@@ -662,7 +690,7 @@ mod schedules {
         fn consume_cell(&self, cell: &HitCell<u64>) {
             let mut models = self.models.lock().unwrap();
             let m = &mut models[cell.at().version as usize];
-            if cell.release() == Released::EndLease {
+            if cell.release_consumed() == Released::EndLease {
                 m.consume_ends += 1;
                 self.end_lease_locked(m, cell);
             }
@@ -687,18 +715,28 @@ mod schedules {
         }
     }
 
-    /// A hit: pin if open, read the value (it must be intact the whole
-    /// time the pin is held), release, and give the lease back if the
-    /// release was its last pin. `consume` releases through the owner.
-    fn hit(cell: &HitCell<u64>, consume: bool, seen: &mut Seen) {
-        if !cell.try_pin() {
-            return;
+    /// A hit: pin if open, then [`use_pin`].
+    fn hit(models: &Mutex<Vec<Model>>, cell: &HitCell<u64>, consume: bool, seen: &mut Seen) {
+        if cell.try_pin() {
+            seen.hits += 1;
+            use_pin(models, cell, consume, seen);
         }
-        seen.hits += 1;
+    }
+
+    /// Use a pin held on `cell`: read the value (it must be intact the
+    /// whole time the pin is held, and the shard must not be able to take
+    /// it), release, and give the lease back if the release was its last
+    /// pin. `consume` releases through the owner.
+    fn use_pin(models: &Mutex<Vec<Model>>, cell: &HitCell<u64>, consume: bool, seen: &mut Seen) {
         let expect = value_of(cell.at().version);
         assert_eq!(**cell.value(), expect, "a pinned value changed");
         // Let the shard run while the pin is held.
         thread::yield_now();
+        {
+            // The shard, under its lock, cannot take a pinned value.
+            let _shard = models.lock().unwrap();
+            assert!(cell.take_value().is_none(), "took a pinned value");
+        }
         assert_eq!(**cell.value(), expect, "a pinned value changed");
         if consume {
             if let Some(owner) = cell.owner() {
@@ -760,11 +798,11 @@ mod schedules {
         shard.link(&cell);
         let hitters: Vec<_> = (0..2)
             .map(|h| {
-                let cell = Arc::clone(&cell);
+                let (models, cell) = (Arc::clone(&models), Arc::clone(&cell));
                 thread::spawn(move || {
                     let mut seen = Seen::default();
-                    hit(&cell, false, &mut seen);
-                    hit(&cell, h == 1, &mut seen);
+                    hit(&models, &cell, false, &mut seen);
+                    hit(&models, &cell, h == 1, &mut seen);
                     seen
                 })
             })
@@ -801,16 +839,10 @@ mod schedules {
         cell.repin();
         let releasers: Vec<_> = (0..2)
             .map(|_| {
-                let cell = Arc::clone(&cell);
+                let (models, cell) = (Arc::clone(&models), Arc::clone(&cell));
                 thread::spawn(move || {
                     let mut seen = Seen::default();
-                    assert_eq!(**cell.value(), value_of(0));
-                    thread::yield_now();
-                    assert_eq!(**cell.value(), value_of(0));
-                    if cell.release() == Released::EndLease {
-                        seen.end_leases += 1;
-                        cell.owner().unwrap().end_lease(&cell);
-                    }
+                    use_pin(&models, &cell, false, &mut seen);
                     seen
                 })
             })
@@ -841,11 +873,11 @@ mod schedules {
         let cell = shard.cell(0);
         shard.link(&cell);
         let hitter = {
-            let cell = Arc::clone(&cell);
+            let (models, cell) = (Arc::clone(&models), Arc::clone(&cell));
             thread::spawn(move || {
                 let mut seen = Seen::default();
-                hit(&cell, false, &mut seen);
-                hit(&cell, false, &mut seen);
+                hit(&models, &cell, false, &mut seen);
+                hit(&models, &cell, false, &mut seen);
                 seen
             })
         };
@@ -885,12 +917,12 @@ mod schedules {
         let load = |slot: &Mutex<Arc<HitCell<u64>>>| Arc::clone(&slot.lock().unwrap());
         let hitters: Vec<_> = (0..2)
             .map(|h| {
-                let slot = Arc::clone(&slot);
+                let (models, slot) = (Arc::clone(&models), Arc::clone(&slot));
                 thread::spawn(move || {
                     let mut seen = Seen::default();
                     for round in 0..2 {
                         let cell = load(&slot);
-                        hit(&cell, h == 1 && round == 1, &mut seen);
+                        hit(&models, &cell, h == 1 && round == 1, &mut seen);
                     }
                     seen
                 })
@@ -946,10 +978,10 @@ mod schedules {
         shard.link(&cell);
         let hitters: Vec<_> = (0..2)
             .map(|_| {
-                let cell = Arc::clone(&cell);
+                let (models, cell) = (Arc::clone(&models), Arc::clone(&cell));
                 thread::spawn(move || {
                     let mut seen = Seen::default();
-                    hit(&cell, false, &mut seen);
+                    hit(&models, &cell, false, &mut seen);
                     seen
                 })
             })
