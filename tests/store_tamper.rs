@@ -117,7 +117,7 @@ fn a_segment_truncated_before_any_read_gives_corrupt_with_key_and_file() {
         // land in two. A large one fills a file of its own.
         let cut = segments(&b);
         for seg in &cut {
-            let len = std::fs::metadata(&seg).unwrap().len();
+            let len = std::fs::metadata(seg).unwrap().len();
             set_len(seg, len - 100);
         }
         let mut corrupt = Vec::new();
