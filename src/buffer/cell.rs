@@ -131,7 +131,9 @@ impl<V> HitCell<V> {
     /// A cell pin released, used now: its tick goes to `last_use`.
     #[inline]
     pub(crate) fn release(&self) -> Released {
-        self.last_use.fetch_max(self.ticks.next_released(), Relaxed);
+        // A store, not a read-modify-write: of two threads releasing the
+        // same key at once, either tick will do.
+        self.last_use.store(self.ticks.next_released(), Relaxed);
         self.unpin()
     }
 

@@ -55,11 +55,17 @@ impl Ticks {
     }
 
     /// A tick for the release of a hit cell's pin, taken with no shard
-    /// lock and recorded as its way's newest release.
+    /// lock and recorded as its way's newest release: a load and a store,
+    /// no locked instruction. A way is one thread's for up to [`WAYS`]
+    /// threads; past that, a thread of the same way may overwrite a newer
+    /// tick with its own, which is at most [`SLACK`] older.
     #[inline]
     pub(crate) fn next_released(&self) -> u64 {
         let t = self.next(0);
-        self.released[way::this_thread()].0.fetch_max(t, Relaxed);
+        let clock = &self.released[way::this_thread()].0;
+        if clock.load(Relaxed) < t {
+            clock.store(t, Relaxed);
+        }
         t
     }
 
