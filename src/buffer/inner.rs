@@ -6,8 +6,9 @@
 //! `impl Inner` blocks.
 //!
 //! Lock order (docs/design.md): at most two locks are held at once — a
-//! shard's, then the prefetch admission lock inside it; the store's, the
-//! spill queue's and the memory waiters' are taken alone. Encoding, IO,
+//! shard's, then the prefetch admission lock or the hit index's (which
+//! only its writers take, when its table grows) inside it; the store's,
+//! the spill queue's and the memory waiters' are taken alone. Encoding, IO,
 //! dropping values and waking waiters happen after every lock is released.
 
 use super::cell::{HitCell, HitIndex};
