@@ -318,16 +318,17 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
     }
 
     /// Take `idx` off its list, if it is on one; its cell closes, and pins
-    /// held through it become the entry's lease (one pin).
-    fn unlink(&mut self, idx: u32) {
-        if self.node(idx).list.is_none() {
-            return;
-        }
+    /// held through it become the entry's lease (one pin). Returns the
+    /// cell it closed.
+    fn unlink(&mut self, idx: u32) -> Option<Arc<HitCell<V>>> {
+        self.node(idx).list?;
         self.lists.unlink(&mut self.slab, idx);
-        if self.cell(idx).is_some_and(|cell| cell.close() > 0) {
+        let cell = self.cell(idx)?;
+        if cell.close() > 0 {
             let d = self.node_mut(idx).pin();
             self.add(d);
         }
+        Some(cell)
     }
 
     /// The hit cell of `idx`, if it has one.
@@ -552,9 +553,7 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         if expect_tick.is_some_and(|t| t != tick) {
             return None;
         }
-        let cell = self.cell(idx);
-        self.unlink(idx);
-        if let Some(cell) = cell {
+        if let Some(cell) = self.unlink(idx) {
             // Pinned through its cell: leased now, and relinked by the
             // last release.
             if self.node(idx).pins() > 0 {
@@ -573,18 +572,19 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         }
         let n = self.node_mut(idx);
         let (w, key, version) = (n.weight, n.key.clone(), n.version);
-        let dropped = matches!(n.state(), State::Resident { disk: Some(_), .. });
-        if dropped {
-            self.drop_cell(idx);
-        }
-        let (evicted, d) = self.node_mut(idx).evict()?;
+        let (evicted, d) = n.evict()?;
         self.add(d);
         let after = match evicted {
-            Evicted::Dropped(value) => After {
-                drop: Some(value),
-                clean_eviction: true,
-                ..After::default()
-            },
+            Evicted::Dropped(value) => {
+                // The value left memory: so does its cell (this handle
+                // goes first, the entry's in `After`).
+                self.drop_cell(idx);
+                After {
+                    drop: Some(value),
+                    clean_eviction: true,
+                    ..After::default()
+                }
+            }
             Evicted::Write(value) => After {
                 write: Some(SpillJob {
                     key,
