@@ -25,6 +25,14 @@
 //!
 //! The shard opens, closes and drops cells only under its lock, and a cell
 //! is open exactly when its entry is on a list (`validate()` checks it).
+//!
+//! A hit's guard ([`CellPin`]) holds its cell by the pin alone, writing no
+//! reference count: an open cell is held by the index, which gives it up
+//! only once the shard has closed it; closing a pinned cell makes a lease,
+//! and the lease holds the cell (one count of its `Arc`, taken by
+//! [`HitCell::close`]) until the release that ends it gives that count
+//! back. When the buffer goes, the index closes every cell first, so pins
+//! still held become leases that hold their cells.
 
 use crate::buffer::hash::KeyHash;
 use crate::buffer::pinned::{PinAt, PinOwner};
@@ -32,6 +40,8 @@ use crate::buffer::tick::Ticks;
 use std::borrow::Borrow;
 use std::cell::UnsafeCell;
 use std::hash::Hash;
+use std::mem::ManuallyDrop;
+use std::ptr::NonNull;
 use std::sync::{Arc, Weak};
 
 #[cfg(not(all(test, shuttle)))]
@@ -48,6 +58,10 @@ use shuttle::sync::atomic::{
 
 /// The cell pins: the low 32 bits of the word.
 const PINS: u64 = 0xffff_ffff;
+/// Hits refuse to pin past this many pins (they take the shard's path),
+/// and a guard cloned past it aborts, as an `Arc` cloned past its limit
+/// does: the pins must never carry into the flags.
+const MAX_PINS: u64 = 1 << 31;
 /// The entry is on its list: hits may pin.
 const OPEN: u64 = 1 << 32;
 /// The cell was closed while pinned: the entry holds one shard pin for all
@@ -111,7 +125,7 @@ impl<V> HitCell<V> {
     pub(crate) fn try_pin(&self) -> bool {
         let mut w = self.word.load(Relaxed);
         loop {
-            if w & OPEN == 0 || w & PINS == PINS {
+            if w & OPEN == 0 || w & PINS >= MAX_PINS {
                 return false;
             }
             // Acquire: the value read next was stored before the open.
@@ -125,7 +139,12 @@ impl<V> HitCell<V> {
     /// One more pin by a holder of one (a guard cloned). Open or leased,
     /// the cell stays so while any pin is held.
     pub(crate) fn repin(&self) {
-        self.word.fetch_add(1, Relaxed);
+        let before = self.word.fetch_add(1, Relaxed);
+        if before & PINS >= MAX_PINS {
+            // Some 2^31 clones of guards of one key: the count would
+            // reach the flags next.
+            std::process::abort();
+        }
     }
 
     /// A cell pin released, used now: its tick goes to `last_use`.
@@ -191,8 +210,21 @@ impl<V> HitCell<V> {
 
     /// The entry left its list: no more hits. Returns how many cell pins
     /// were held; if any, they are now a lease, and the caller pins the
-    /// entry once for them. Under the shard lock.
-    pub(crate) fn close(&self) -> u32 {
+    /// entry once for them. The lease holds the cell (one count of `this`)
+    /// until the release that ends it. Under the shard lock.
+    pub(crate) fn close(this: &Arc<Self>) -> u32 {
+        // Taken before the close: the lease may end, and give its count
+        // back, as soon as the close is done.
+        let held = Arc::clone(this);
+        let pins = this.close_word();
+        if pins > 0 {
+            std::mem::forget(held);
+        }
+        pins
+    }
+
+    /// [`HitCell::close`] on the word alone.
+    fn close_word(&self) -> u32 {
         let mut w = self.word.load(Relaxed);
         loop {
             if w & OPEN == 0 {
@@ -250,10 +282,114 @@ impl<V> HitCell<V> {
     }
 }
 
+#[cfg(test)]
+impl<V> Drop for HitCell<V> {
+    fn drop(&mut self) {
+        // A hit's guard would read freed memory.
+        let w = self.word.load(Relaxed);
+        assert_eq!(w & (PINS | LEASED), 0, "a hit cell freed while pinned");
+    }
+}
+
+/// A cell pin held by a hit's guard. It holds the cell by the pin alone
+/// (module docs): a hit writes no reference count.
+pub(crate) struct CellPin<V> {
+    cell: NonNull<HitCell<V>>,
+}
+
+// SAFETY: a `CellPin` gives shared access to its cell, which is `Sync`
+// for such `V`, and its release may run on any thread.
+unsafe impl<V: Send + Sync> Send for CellPin<V> {}
+// SAFETY: as for `Send`; `&CellPin` only reads the cell.
+unsafe impl<V: Send + Sync> Sync for CellPin<V> {}
+
+impl<V> CellPin<V> {
+    /// The pin just taken on `cell`.
+    ///
+    /// # Safety
+    ///
+    /// `cell.try_pin()` succeeded while `cell` was held (by the index,
+    /// under a guard of it): the pin now holds it.
+    unsafe fn taken(cell: &HitCell<V>) -> Self {
+        CellPin {
+            cell: NonNull::from(cell),
+        }
+    }
+
+    pub(crate) fn cell(&self) -> &HitCell<V> {
+        // SAFETY: the pin holds the cell (module docs) until `release`.
+        unsafe { self.cell.as_ref() }
+    }
+
+    /// One more pin of the same cell (a guard cloned).
+    pub(crate) fn repin(&self) -> Self {
+        self.cell().repin();
+        CellPin { cell: self.cell }
+    }
+
+    /// Give the pin back: consuming (the entry goes first in line) or as a
+    /// use. The release that ends a lease gives the buffer its lease back
+    /// and then the lease's count of the cell.
+    pub(crate) fn release(self, consume: bool) {
+        ManuallyDrop::new(self).give_back(consume);
+    }
+
+    fn give_back(&self, consume: bool) {
+        let cell = self.cell();
+        // The owner is upgraded only when the shard has work to do: a
+        // hit's release writes no count but the cell's.
+        let released = match consume.then(|| cell.owner()).flatten() {
+            Some(owner) => owner.consume_cell(cell),
+            None => {
+                let released = cell.release();
+                if released == Released::EndLease {
+                    // The buffer may be gone: the lease ends here then.
+                    if let Some(owner) = cell.owner() {
+                        owner.end_lease(cell);
+                    }
+                }
+                released
+            }
+        };
+        if released == Released::EndLease {
+            // SAFETY: the lease held one count of the cell's `Arc` (taken
+            // by `HitCell::close`, from an `Arc` of this allocation), and
+            // it ended here; nothing touches the cell after.
+            unsafe { Arc::decrement_strong_count(self.cell.as_ptr()) }
+        }
+    }
+}
+
+impl<V> Drop for CellPin<V> {
+    fn drop(&mut self) {
+        self.give_back(false);
+    }
+}
+
+type CellMap<K, V> = papaya::HashMap<K, Arc<HitCell<V>>, KeyHash>;
+
 /// The buffer's cells by key, read without a lock. Written only under the
 /// lock of the key's shard.
 pub(crate) struct HitIndex<K, V> {
-    map: papaya::HashMap<K, Arc<HitCell<V>>, KeyHash>,
+    map: CellMap<K, V>,
+    /// [`close_all`] for this key type, for `drop` (which cannot ask for
+    /// the bounds it needs).
+    close_all: fn(&CellMap<K, V>),
+}
+
+/// Close every cell of `map`: pins still held become leases, which hold
+/// their cells once the map's counts are gone.
+fn close_all<K: Hash + Eq, V>(map: &CellMap<K, V>) {
+    let guard = map.guard();
+    for (_, cell) in map.iter(&guard) {
+        HitCell::close(cell);
+    }
+}
+
+impl<K, V> Drop for HitIndex<K, V> {
+    fn drop(&mut self) {
+        (self.close_all)(&self.map);
+    }
 }
 
 impl<K: Hash + Eq, V> HitIndex<K, V> {
@@ -265,20 +401,23 @@ impl<K: Hash + Eq, V> HitIndex<K, V> {
                 // rather than copied a little by every reader.
                 .resize_mode(papaya::ResizeMode::Blocking)
                 .build(),
+            close_all: close_all::<K, V>,
         }
     }
 
-    /// Pin `key` through its cell: the cell, now holding one more pin, or
-    /// `None` (no cell, or closed: take the shard's path).
+    /// Pin `key` through its cell: the pin, or `None` (no cell, or closed:
+    /// take the shard's path).
     #[inline]
-    pub(crate) fn pin<Q>(&self, key: &Q) -> Option<Arc<HitCell<V>>>
+    pub(crate) fn pin<Q>(&self, key: &Q) -> Option<CellPin<V>>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         let guard = self.map.guard();
         let cell = self.map.get(key, &guard)?;
-        cell.try_pin().then(|| Arc::clone(cell))
+        // SAFETY: the index holds the cell while the guard lives, and the
+        // pin holds it from the moment `try_pin` succeeds.
+        cell.try_pin().then(|| unsafe { CellPin::taken(cell) })
     }
 
     /// The cell of `key`. Under the key's shard lock.
@@ -286,9 +425,13 @@ impl<K: Hash + Eq, V> HitIndex<K, V> {
         self.map.pin().get(key).map(Arc::clone)
     }
 
-    /// Give `key` its cell. Under the key's shard lock.
-    pub(crate) fn publish(&self, key: K, cell: Arc<HitCell<V>>) {
-        self.map.pin().insert(key, cell);
+    /// Give `key` its cell, unless it has one: the index never lets go of
+    /// a cell the shard has not closed. Returns whether it took the cell.
+    /// Under the key's shard lock.
+    pub(crate) fn publish(&self, key: K, cell: Arc<HitCell<V>>) -> bool {
+        let taken = self.map.pin().try_insert(key, cell).is_ok();
+        debug_assert!(taken, "a key's cell published over another");
+        taken
     }
 
     /// Take `key`'s cell out. Under the key's shard lock.

@@ -11,7 +11,7 @@
 //! the spill queue's and the memory waiters' are taken alone. Encoding, IO,
 //! dropping values and waking waiters happen after every lock is released.
 
-use super::cell::{HitCell, HitIndex};
+use super::cell::{HitCell, HitIndex, Released};
 use super::entry::{Delta, ListKind, Node};
 use super::failure::Failures;
 use super::hash::KeyHash;
@@ -490,6 +490,27 @@ impl<K: Key, V: Spill> Inner<K, V> {
             self.evict_to_target();
         }
     }
+
+    /// A cell pin's release that needs the shard: the end of `cell`'s
+    /// lease (its last pin released already), or a consume (`consume`:
+    /// the release happens here). Returns the release.
+    fn release_cell(&self, cell: &HitCell<V>, consume: bool) -> Released {
+        let target = self.target();
+        let s = cell.at().shard as usize;
+        let (released, freed) = self.with_shard(s, |shard| {
+            let tick = || self.next_tick(s);
+            if consume {
+                shard.consume_cell(cell, target, tick)
+            } else {
+                (
+                    Released::EndLease,
+                    shard.lease_ended(cell, false, target, tick),
+                )
+            }
+        });
+        self.after_unpin(freed);
+        released
+    }
 }
 
 impl<K: Key, V: Spill> PinOwner<V> for Inner<K, V> {
@@ -510,21 +531,11 @@ impl<K: Key, V: Spill> PinOwner<V> for Inner<K, V> {
     }
 
     fn end_lease(&self, cell: &HitCell<V>) {
-        let target = self.target();
-        let s = cell.at().shard as usize;
-        let freed = self.with_shard(s, |shard| {
-            shard.lease_ended(cell, false, target, || self.next_tick(s))
-        });
-        self.after_unpin(freed);
+        self.release_cell(cell, false);
     }
 
-    fn consume_cell(&self, cell: &HitCell<V>) {
-        let target = self.target();
-        let s = cell.at().shard as usize;
-        let freed = self.with_shard(s, |shard| {
-            shard.consume_cell(cell, target, || self.next_tick(s))
-        });
-        self.after_unpin(freed);
+    fn consume_cell(&self, cell: &HitCell<V>) -> Released {
+        self.release_cell(cell, true)
     }
 }
 
@@ -587,8 +598,8 @@ impl<K: Key, V: Spill> PinOwner<V> for ShardOwner<K, V> {
         self.inner.end_lease(cell);
     }
 
-    fn consume_cell(&self, cell: &HitCell<V>) {
-        self.inner.consume_cell(cell);
+    fn consume_cell(&self, cell: &HitCell<V>) -> Released {
+        self.inner.consume_cell(cell)
     }
 }
 

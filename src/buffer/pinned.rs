@@ -1,7 +1,7 @@
 //! [`Pinned`]: an RAII guard on a value that keeps its entry from being
 //! evicted until the last guard for it is dropped or consumed.
 
-use crate::buffer::cell::{HitCell, Released};
+use crate::buffer::cell::{CellPin, HitCell, Released};
 use crate::error::Result;
 use std::fmt;
 use std::ops::Deref;
@@ -30,8 +30,9 @@ pub(crate) trait PinOwner<V>: Send + Sync {
     /// (see [`crate::buffer::cell`]).
     fn end_lease(&self, cell: &HitCell<V>);
     /// Release one cell pin of `cell`, consuming: the entry goes first in
-    /// line, as [`PinOwner::unpin`] with `consume` does.
-    fn consume_cell(&self, cell: &HitCell<V>);
+    /// line, as [`PinOwner::unpin`] with `consume` does. Returns whether
+    /// that release ended a lease (given back already).
+    fn consume_cell(&self, cell: &HitCell<V>) -> Released;
 }
 
 /// The outcome sent to a reader waiting on a disk read.
@@ -77,7 +78,7 @@ enum Hold<V> {
         owner: Arc<dyn PinOwner<V>>,
         at: PinAt,
     },
-    Cell(Arc<HitCell<V>>),
+    Cell(CellPin<V>),
 }
 
 impl<V> Pinned<V> {
@@ -89,9 +90,9 @@ impl<V> Pinned<V> {
     }
 
     /// A guard for a cell pin already taken.
-    pub(crate) fn of_cell(cell: Arc<HitCell<V>>) -> Self {
+    pub(crate) fn of_cell(pin: CellPin<V>) -> Self {
         Pinned {
-            hold: Some(Hold::Cell(cell)),
+            hold: Some(Hold::Cell(pin)),
         }
     }
 
@@ -102,28 +103,14 @@ impl<V> Pinned<V> {
     fn arc(&self) -> &Arc<V> {
         match self.hold() {
             Hold::Entry { value, .. } => value,
-            Hold::Cell(cell) => cell.value(),
+            Hold::Cell(pin) => pin.cell().value(),
         }
     }
 
     fn release(&mut self, consume: bool) {
         match self.hold.take() {
             Some(Hold::Entry { value, owner, at }) => owner.unpin(at, consume, value),
-            Some(Hold::Cell(cell)) => {
-                // The owner is upgraded only when the shard has work to
-                // do: a hit's release writes no count but the cell's.
-                if consume {
-                    if let Some(owner) = cell.owner() {
-                        return owner.consume_cell(&cell);
-                    }
-                }
-                if cell.release() == Released::EndLease {
-                    // The buffer may be gone: its value goes with the cell.
-                    if let Some(owner) = cell.owner() {
-                        owner.end_lease(&cell);
-                    }
-                }
-            }
+            Some(Hold::Cell(pin)) => pin.release(consume),
             None => {}
         }
     }
@@ -150,7 +137,7 @@ impl<V> Pinned<V> {
     pub(crate) fn version(&self) -> u64 {
         match self.hold() {
             Hold::Entry { at, .. } => at.version,
-            Hold::Cell(cell) => cell.at().version,
+            Hold::Cell(pin) => pin.cell().at().version,
         }
     }
 }
@@ -174,10 +161,7 @@ impl<V> Clone for Pinned<V> {
                     at: *at,
                 }
             }
-            Hold::Cell(cell) => {
-                cell.repin();
-                Hold::Cell(Arc::clone(cell))
-            }
+            Hold::Cell(pin) => Hold::Cell(pin.repin()),
         };
         Pinned { hold: Some(hold) }
     }

@@ -324,7 +324,7 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         self.node(idx).list?;
         self.lists.unlink(&mut self.slab, idx);
         let cell = self.cell(idx)?;
-        if cell.close() > 0 {
+        if HitCell::close(&cell) > 0 {
             let d = self.node_mut(idx).pin();
             self.add(d);
         }
@@ -362,8 +362,9 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
             at,
         );
         let key = n.key.clone();
-        self.cells.index.publish(key, Arc::new(cell));
-        self.node_mut(idx).set_celled(true);
+        if self.cells.index.publish(key, Arc::new(cell)) {
+            self.node_mut(idx).set_celled(true);
+        }
     }
 
     /// `idx`'s value is leaving memory, or the entry the index: its cell
@@ -678,12 +679,13 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         cell: &HitCell<V>,
         target: usize,
         tick: impl FnOnce() -> u64,
-    ) -> Option<(Arc<V>, bool)> {
+    ) -> (Released, Option<(Arc<V>, bool)>) {
         let live = self.live(cell.at());
         if let Some(idx) = live {
             self.unlink(idx);
         }
-        match cell.release_consumed() {
+        let released = cell.release_consumed();
+        let freed = match released {
             Released::EndLease => self.lease_ended(cell, true, target, tick),
             Released::Done => {
                 if let Some(idx) = live {
@@ -691,7 +693,8 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
                 }
                 None
             }
-        }
+        };
+        (released, freed)
     }
 
     /// The slot at `at`, if it still holds that version.

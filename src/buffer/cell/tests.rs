@@ -57,12 +57,14 @@ mod unit {
             self.calls.lock().unwrap().end_lease += 1;
         }
 
-        fn consume_cell(&self, cell: &HitCell<u64>) {
+        fn consume_cell(&self, cell: &HitCell<u64>) -> Released {
             let mut calls = self.calls.lock().unwrap();
             calls.consume += 1;
-            if cell.release_consumed() == Released::EndLease {
+            let released = cell.release_consumed();
+            if released == Released::EndLease {
                 calls.end_lease += 1;
             }
+            released
         }
     }
 
@@ -93,7 +95,7 @@ mod unit {
         assert!(cell.is_idle());
         // Opened, then closed again.
         cell.open(ticks.next(0));
-        assert_eq!(cell.close(), 0);
+        assert_eq!(cell.close_word(), 0);
         assert!(!cell.try_pin(), "a closed cell was pinned");
         assert_eq!(cell.pins(), 0);
         assert!(!cell.is_leased());
@@ -129,14 +131,14 @@ mod unit {
         for _ in 0..3 {
             assert!(cell.try_pin());
         }
-        assert_eq!(cell.close(), 3, "close reports the pins it leased");
+        assert_eq!(cell.close_word(), 3, "close reports the pins it leased");
         assert!(!cell.is_open());
         assert!(cell.is_leased());
         assert_eq!(cell.pins(), 3);
         assert!(!cell.is_idle());
         assert!(!cell.try_pin(), "a leased cell was pinned");
         // Closing again leases nothing more and keeps the lease.
-        assert_eq!(cell.close(), 0);
+        assert_eq!(cell.close_word(), 0);
         assert!(cell.is_leased());
         // The pins still read the value.
         assert_eq!(**cell.value(), VALUE);
@@ -164,7 +166,7 @@ mod unit {
         // Pins that come and go before the close leave nothing.
         assert!(cell.try_pin());
         assert_eq!(cell.release(), Released::Done);
-        assert_eq!(cell.close(), 0);
+        assert_eq!(cell.close_word(), 0);
         assert!(!cell.is_open());
         assert!(!cell.is_leased());
         assert!(cell.is_idle());
@@ -187,7 +189,7 @@ mod unit {
         // A leased release stores its tick too (the shard relinks by it).
         let before = cell.last_use();
         assert!(cell.try_pin());
-        assert_eq!(cell.close(), 1);
+        assert_eq!(cell.close_word(), 1);
         assert_eq!(cell.release(), Released::EndLease);
         assert!(cell.last_use() > before);
     }
@@ -203,7 +205,7 @@ mod unit {
         assert_eq!(cell.last_use(), opened, "a consumed release stored a tick");
         assert_eq!(cell.pins(), 1);
         // It ends a lease like any release.
-        assert_eq!(cell.close(), 1);
+        assert_eq!(cell.close_word(), 1);
         assert_eq!(cell.release_consumed(), Released::EndLease);
         assert!(cell.is_idle());
         assert_eq!(cell.last_use(), opened);
@@ -224,7 +226,7 @@ mod unit {
         // A repin before the close is leased with the rest.
         assert!(cell.try_pin());
         cell.repin();
-        assert_eq!(cell.close(), 2);
+        assert_eq!(cell.close_word(), 2);
         assert_eq!(cell.release(), Released::Done);
         assert!(cell.is_leased());
         assert_eq!(cell.release(), Released::EndLease);
@@ -234,7 +236,7 @@ mod unit {
         // the lease: the lease ends with the last of them.
         cell.open(ticks.next(0));
         assert!(cell.try_pin());
-        assert_eq!(cell.close(), 1);
+        assert_eq!(cell.close_word(), 1);
         cell.repin();
         assert_eq!(cell.pins(), 2);
         assert_eq!(cell.release(), Released::Done);
@@ -253,7 +255,7 @@ mod unit {
         );
         assert!(cell.try_pin());
         assert!(cell.take_value().is_none(), "took a pinned value");
-        assert_eq!(cell.close(), 1);
+        assert_eq!(cell.close_word(), 1);
         assert!(cell.take_value().is_none(), "took a leased value");
         assert_eq!(**cell.value(), VALUE, "the pin lost its value");
         assert_eq!(cell.release(), Released::EndLease);
@@ -286,33 +288,89 @@ mod unit {
         let cell = Arc::new(cell);
         cell.open(ticks.next(0));
         assert!(cell.try_pin());
-        let guard = Pinned::of_cell(Arc::clone(&cell));
+        // SAFETY: pinned while `cell` holds the cell.
+        let guard = Pinned::of_cell(unsafe { CellPin::taken(&cell) });
         let clone = guard.clone();
         assert_eq!(cell.pins(), 2, "a cloned guard did not repin the cell");
         assert_eq!(*guard, VALUE);
-        assert_eq!(cell.close(), 2);
+        assert_eq!(HitCell::close(&cell), 2);
+        assert_eq!(Arc::strong_count(&cell), 2, "the lease holds the cell");
         drop(clone);
         assert_eq!(owner.calls.lock().unwrap().end_lease, 0);
         drop(guard);
         assert_eq!(owner.calls.lock().unwrap().end_lease, 1);
         assert!(cell.is_idle());
+        assert_eq!(Arc::strong_count(&cell), 1, "the lease's end let go");
 
         // Consuming goes through the owner, which releases the pin.
         cell.open(ticks.next(0));
         assert!(cell.try_pin());
-        Pinned::of_cell(Arc::clone(&cell)).consume();
+        // SAFETY: as above.
+        Pinned::of_cell(unsafe { CellPin::taken(&cell) }).consume();
         assert_eq!(owner.calls.lock().unwrap().consume, 1);
         assert_eq!(cell.pins(), 0);
+        assert_eq!(Arc::strong_count(&cell), 1);
 
         // With the buffer gone, the last release of a lease does nothing
-        // but release.
+        // but release, and give the lease's count back.
         assert!(cell.try_pin());
-        let guard = Pinned::of_cell(Arc::clone(&cell));
-        assert_eq!(cell.close(), 1);
+        // SAFETY: as above.
+        let guard = Pinned::of_cell(unsafe { CellPin::taken(&cell) });
+        assert_eq!(HitCell::close(&cell), 1);
         drop(owner);
         assert_eq!(*guard, VALUE);
         drop(guard);
         assert!(cell.is_idle());
+        assert_eq!(Arc::strong_count(&cell), 1);
+    }
+
+    /// A guard holds its cell by the pin: with every other count gone,
+    /// the cell (and the value in it) lives until the guard's release
+    /// ends the lease, and goes then.
+    #[test]
+    fn a_leased_cell_lives_exactly_as_long_as_its_pins() {
+        let (_owner, ticks, cell) = fixture();
+        let value = Arc::downgrade(cell.value());
+        let cell = Arc::new(cell);
+        let index = HitIndex::new(KeyHash::new());
+        assert!(index.publish(5u64, Arc::clone(&cell)));
+        cell.open(ticks.next(0));
+        let guard = Pinned::of_cell(index.pin(&5u64).expect("an open cell pins"));
+        let clone = guard.clone();
+        // The shard closes it (leased), takes it out of the index and lets
+        // go of its own handle: only the lease holds it now.
+        assert_eq!(HitCell::close(&cell), 2);
+        index.withdraw(&5);
+        drop(index);
+        drop(cell);
+        assert_eq!(*guard, VALUE);
+        drop(guard);
+        assert_eq!(*clone, VALUE, "the cell went with a pin left");
+        assert!(value.upgrade().is_some());
+        drop(clone);
+        assert!(value.upgrade().is_none(), "the cell outlived its pins");
+    }
+
+    /// The buffer gone with hits pinned on open cells: the index closes
+    /// them, and each lives until its last pin goes.
+    #[test]
+    fn a_dropped_index_leaves_pinned_cells_to_their_pins() {
+        let (_owner, ticks, cell) = fixture();
+        let (_owner2, _, idle) = fixture();
+        let value = Arc::downgrade(cell.value());
+        let idle_value = Arc::downgrade(idle.value());
+        let index = HitIndex::new(KeyHash::new());
+        assert!(index.publish(5u64, Arc::new(cell)));
+        assert!(index.publish(6u64, Arc::new(idle)));
+        index.get(&5).unwrap().open(ticks.next(0));
+        index.get(&6).unwrap().open(ticks.next(0));
+        let guard = Pinned::of_cell(index.pin(&5u64).expect("an open cell pins"));
+        drop(index);
+        assert!(idle_value.upgrade().is_none(), "an unpinned cell was kept");
+        assert_eq!(*guard, VALUE);
+        assert!(value.upgrade().is_some());
+        drop(guard);
+        assert!(value.upgrade().is_none(), "the cell outlived its pins");
     }
 
     #[test]
@@ -321,17 +379,19 @@ mod unit {
         let cell = Arc::new(cell);
         let index = HitIndex::new(KeyHash::new());
         assert!(index.pin(&5u64).is_none());
-        index.publish(5u64, Arc::clone(&cell));
+        assert!(index.publish(5u64, Arc::clone(&cell)));
         assert_eq!(index.len(), 1);
         assert!(index.pin(&5u64).is_none(), "pinned a closed cell");
         cell.open(ticks.next(0));
         let pinned = index.pin(&5u64).expect("an open cell pins");
-        assert!(Arc::ptr_eq(&pinned, &cell));
+        assert!(std::ptr::eq(pinned.cell(), &*cell));
         assert_eq!(cell.pins(), 1);
         assert!(index.pin(&6u64).is_none());
-        assert_eq!(pinned.release(), Released::Done);
+        pinned.release(false);
+        assert_eq!(cell.pins(), 0);
+        assert_eq!(Arc::strong_count(&cell), 2, "a hit wrote a count");
         assert!(Arc::ptr_eq(&index.get(&5).unwrap(), &cell));
-        assert_eq!(cell.close(), 0);
+        assert_eq!(cell.close_word(), 0);
         assert!(index.pin(&5u64).is_none());
         index.withdraw(&5);
         assert!(index.get(&5).is_none());
@@ -386,12 +446,14 @@ mod unit {
             self.end_locked(&mut self.books.lock().unwrap(), cell);
         }
 
-        fn consume_cell(&self, cell: &HitCell<u64>) {
+        fn consume_cell(&self, cell: &HitCell<u64>) -> Released {
             let mut books = self.books.lock().unwrap();
-            if cell.release_consumed() == Released::EndLease {
+            let released = cell.release_consumed();
+            if released == Released::EndLease {
                 books.consume_ends += 1;
                 self.end_locked(&mut books, cell);
             }
+            released
         }
     }
 
@@ -473,7 +535,7 @@ mod unit {
                     let mut books = shard.books.lock().unwrap();
                     if books.linked {
                         books.linked = false;
-                        let pins = cell.close();
+                        let pins = cell.close_word();
                         if pins > 0 {
                             assert_eq!(books.lease_pins, 0, "a second lease");
                             books.lease_pins = 1;
@@ -637,7 +699,7 @@ mod schedules {
         assert!(m.linked);
         assert!(cell.is_open(), "a linked entry's cell is closed");
         m.linked = false;
-        let pins = cell.close();
+        let pins = cell.close_word();
         assert!(!cell.is_open());
         if pins > 0 {
             // (Not `is_leased()`: the last pin may be released already,
@@ -687,13 +749,15 @@ mod schedules {
             self.end_lease_locked(&mut models[cell.at().version as usize], cell);
         }
 
-        fn consume_cell(&self, cell: &HitCell<u64>) {
+        fn consume_cell(&self, cell: &HitCell<u64>) -> Released {
             let mut models = self.models.lock().unwrap();
             let m = &mut models[cell.at().version as usize];
-            if cell.release_consumed() == Released::EndLease {
+            let released = cell.release_consumed();
+            if released == Released::EndLease {
                 m.consume_ends += 1;
                 self.end_lease_locked(m, cell);
             }
+            released
         }
     }
 
@@ -740,7 +804,8 @@ mod schedules {
         assert_eq!(**cell.value(), expect, "a pinned value changed");
         if consume {
             if let Some(owner) = cell.owner() {
-                return owner.consume_cell(cell);
+                owner.consume_cell(cell);
+                return;
             }
         }
         if cell.release() == Released::EndLease {

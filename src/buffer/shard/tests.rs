@@ -112,5 +112,10 @@ impl<V> crate::buffer::pinned::PinOwner<V> for NoOwner {
     fn repin(&self, _: crate::buffer::pinned::PinAt) {}
     fn unpin(&self, _: crate::buffer::pinned::PinAt, _: bool, _: Arc<V>) {}
     fn end_lease(&self, _: &crate::buffer::cell::HitCell<V>) {}
-    fn consume_cell(&self, _: &crate::buffer::cell::HitCell<V>) {}
+    fn consume_cell(
+        &self,
+        cell: &crate::buffer::cell::HitCell<V>,
+    ) -> crate::buffer::cell::Released {
+        cell.release_consumed()
+    }
 }
