@@ -310,9 +310,13 @@ impl<V> CellPin<V> {
     ///
     /// `cell.try_pin()` succeeded while `cell` was held (by the index,
     /// under a guard of it): the pin now holds it.
-    unsafe fn taken(cell: &HitCell<V>) -> Self {
+    unsafe fn taken(cell: &Arc<HitCell<V>>) -> Self {
+        // From the `Arc`, not the cell: the lease's end reaches the counts
+        // next to the cell through this pointer.
+        let ptr = Arc::as_ptr(cell).cast_mut();
         CellPin {
-            cell: NonNull::from(cell),
+            // SAFETY: an `Arc`'s pointer is never null.
+            cell: unsafe { NonNull::new_unchecked(ptr) },
         }
     }
 
