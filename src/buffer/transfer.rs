@@ -13,7 +13,7 @@ use super::read::Lookup;
 use super::shard::After;
 use super::{Key, SpillBuffer};
 use crate::error::{Error, Result};
-use crate::io::Priority;
+use crate::io::{Free, Priority};
 use crate::metrics::Metrics;
 use crate::record::{Encoding, Record};
 use crate::store::transfer::{open_received, transfer_path, Encoded, Streamed};
@@ -217,11 +217,15 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
         let inner = Arc::clone(&self.handle.inner);
         let (tx, rx) = tokio::sync::oneshot::channel();
         let named = format!("{key:?}");
-        let queued = self.inner().pool.submit_stream(Box::new(move || {
-            let mut reader = reader;
-            let res = inner.receive_from(key, &mut reader).map(|()| reader);
-            let _ = tx.send(res);
-        }));
+        let queued = self
+            .inner()
+            .pool
+            .submit_stream(Box::new(move |free: Free<'_>| {
+                let mut reader = reader;
+                let res = inner.receive_from(key, &mut reader).map(|()| reader);
+                drop(free);
+                let _ = tx.send(res);
+            }));
         async move {
             match queued {
                 Ok(true) => rx.await.unwrap_or(Err(Error::Closed)),
@@ -274,20 +278,24 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
                 let inner = Arc::clone(&self.handle.inner);
                 let (tx, rx) = tokio::sync::oneshot::channel();
                 let named = format!("{key:?}");
-                let submitted = self.inner().pool.submit_stream(Box::new(move || {
-                    let mut writer = writer;
-                    let res = match inner.record_of(&key) {
-                        Ok(Some(rec)) => rec
-                            .write_to(&mut writer)
-                            .map(|()| (writer, Some(rec.len() as u64)))
-                            .map_err(|e| {
-                                Error::io("send record", transfer_path(), naming(&key, e))
-                            }),
-                        Ok(None) => Ok((writer, None)),
-                        Err(e) => Err(e),
-                    };
-                    let _ = tx.send(res);
-                }));
+                let submitted = self
+                    .inner()
+                    .pool
+                    .submit_stream(Box::new(move |free: Free<'_>| {
+                        let mut writer = writer;
+                        let res = match inner.record_of(&key) {
+                            Ok(Some(rec)) => rec
+                                .write_to(&mut writer)
+                                .map(|()| (writer, Some(rec.len() as u64)))
+                                .map_err(|e| {
+                                    Error::io("send record", transfer_path(), naming(&key, e))
+                                }),
+                            Ok(None) => Ok((writer, None)),
+                            Err(e) => Err(e),
+                        };
+                        drop(free);
+                        let _ = tx.send(res);
+                    }));
                 Ok((submitted, rx, named))
             }
         };

@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::thread::{JoinHandle, ThreadId};
 use streams::Streams;
+pub(crate) use streams::{Free, StreamJob};
 #[cfg(feature = "metrics")]
 use tick::Tick;
 
@@ -83,7 +84,7 @@ impl Idle {
 struct Queues {
     tx: [Sender<Job>; QUEUES],
     /// Jobs for the stream threads.
-    streams: Sender<Job>,
+    streams: Sender<StreamJob>,
     /// Dropped at shutdown to wake idle threads.
     stop: Option<Sender<()>>,
 }
@@ -191,7 +192,7 @@ impl Pool {
     /// their peers, the transfers queued behind them). Counted by `flush`
     /// like any job. `Ok(false)` (dropping the job) once shut down; `Err`
     /// if no thread could be started for it (the job is dropped).
-    pub(crate) fn submit_stream(&self, job: Job) -> std::io::Result<bool> {
+    pub(crate) fn submit_stream(&self, job: StreamJob) -> std::io::Result<bool> {
         let g = self.queues.read();
         let Some(q) = g.as_ref() else {
             return Ok(false);
@@ -456,6 +457,48 @@ mod tests {
         assert!(!pool.submit(Priority::Demand, Box::new(|| {})));
         // Whether or not the queued job ran first, nothing is left counted.
         assert_eq!(pool.pending(), 0);
+    }
+
+    /// A stream job waiting on its peer holds up neither the queues nor
+    /// shutdown; `flush` counts it; one thread serves jobs that follow each
+    /// other.
+    #[test]
+    fn stream_jobs_run_apart_from_the_queues() {
+        let pool = Pool::new(1).unwrap();
+        let (gate_tx, gate_rx) = crossbeam_channel::bounded::<()>(0);
+        assert!(pool
+            .submit_stream(Box::new(move |_free| {
+                let _ = gate_rx.recv();
+            }))
+            .unwrap());
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = Arc::clone(&ran);
+        pool.submit(Priority::Spill, Box::new(move || r.store(true, SeqCst)));
+        // The spill job runs (and finishes) while the stream job waits.
+        while !ran.load(SeqCst) || pool.pending() > 1 {
+            std::thread::yield_now();
+        }
+        assert_eq!(pool.pending(), 1, "the stream job is still counted");
+        gate_tx.send(()).unwrap();
+        pool.wait_idle_blocking();
+        for _ in 0..20 {
+            let (tx, rx) = crossbeam_channel::bounded::<()>(1);
+            pool.submit_stream(Box::new(move |free| {
+                drop(free);
+                let _ = tx.send(());
+            }))
+            .unwrap();
+            rx.recv().unwrap();
+        }
+        assert_eq!(pool.streams.live(), 1, "one thread for jobs in turn");
+        // A job stuck on its peer at shutdown is not waited for.
+        let (_gate_tx, gate_rx) = crossbeam_channel::bounded::<()>(0);
+        pool.submit_stream(Box::new(move |_free| {
+            let _ = gate_rx.recv();
+        }))
+        .unwrap();
+        pool.shutdown();
+        assert!(!pool.submit_stream(Box::new(|_free| {})).unwrap());
     }
 
     #[tokio::test]

@@ -12,7 +12,7 @@
 //! waiting on a peer): they drop what is queued and exit once their
 //! current job returns.
 
-use super::{Idle, Job};
+use super::Idle;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering::SeqCst};
@@ -26,12 +26,32 @@ pub(crate) const MAX_THREADS: usize = 16;
 /// A stream thread without work for this long exits.
 const IDLE_EXIT: Duration = Duration::from_secs(10);
 
+/// A job for a stream thread. It drops the [`Free`] it is given once its
+/// work is done and before it hands its outcome over, so that the caller
+/// woken by the outcome, queueing its next transfer at once, finds the
+/// thread free rather than start another.
+pub(crate) type StreamJob = Box<dyn for<'a> FnOnce(Free<'a>) + Send + 'static>;
+
+/// The stream thread running a job, as long as the job holds this; once
+/// dropped the job counts as done (`flush` may return) and the thread as
+/// free.
+pub(crate) struct Free<'a> {
+    s: &'a Shared,
+}
+
+impl Drop for Free<'_> {
+    fn drop(&mut self) {
+        self.s.waiting.fetch_add(1, SeqCst);
+        self.s.idle.done();
+    }
+}
+
 pub(super) struct Streams {
     shared: Arc<Shared>,
 }
 
 struct Shared {
-    rx: Receiver<Job>,
+    rx: Receiver<StreamJob>,
     /// The pool's count of unfinished jobs, which `flush` waits on.
     idle: Arc<Idle>,
     /// Threads alive.
@@ -43,7 +63,7 @@ struct Shared {
 }
 
 impl Streams {
-    pub(super) fn new(rx: Receiver<Job>, idle: Arc<Idle>) -> Streams {
+    pub(super) fn new(rx: Receiver<StreamJob>, idle: Arc<Idle>) -> Streams {
         Streams {
             shared: Arc::new(Shared {
                 rx,
@@ -85,6 +105,12 @@ impl Streams {
         Ok(())
     }
 
+    /// Threads alive.
+    #[cfg(test)]
+    pub(super) fn live(&self) -> usize {
+        self.shared.live.load(SeqCst)
+    }
+
     /// Shutdown: queued jobs are dropped from now on.
     pub(super) fn stop(&self) {
         self.shared.stopped.store(true, SeqCst);
@@ -107,13 +133,13 @@ fn run(s: &Shared) {
         s.waiting.fetch_sub(1, SeqCst);
         match got {
             Ok(job) => {
+                let free = Free { s };
                 if s.stopped.load(SeqCst) {
                     drop(job);
-                } else if catch_unwind(AssertUnwindSafe(job)).is_err() {
+                    drop(free);
+                } else if catch_unwind(AssertUnwindSafe(|| job(free))).is_err() {
                     tracing::error!("a spillbuffer stream job panicked; its thread keeps running");
                 }
-                s.idle.done();
-                s.waiting.fetch_add(1, SeqCst);
             }
             Err(RecvTimeoutError::Timeout) => {
                 s.live.fetch_sub(1, SeqCst);
