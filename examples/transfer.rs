@@ -1,14 +1,15 @@
 //! Moving spilled values from one buffer to another over a TCP socket,
-//! without decoding them: the sending buffer hands out each key's record
-//! as stored (`SpillBuffer::record`), the receiving one writes it to its
-//! own disk as it came (`SpillBuffer::insert_record`), and the value is
-//! decoded only when it is pinned there.
+//! without decoding them: the sending buffer writes each key's record as
+//! stored to the socket (`SpillBuffer::send_record`), the receiving one
+//! reads it off the socket and writes it to its own disk as it came
+//! (`SpillBuffer::receive_record`), both on the buffers' own threads, and
+//! the value is decoded only when it is pinned there.
 //!
 //! ```text
 //! cargo run --release --example transfer                 # the demo
 //! cargo run --release --example transfer -- --measure    # against a raw copy
 //!     [--values N] [--size BYTES] [--rounds R] [--window W] [--dir DIR]
-//!     [--data random|counter] [--compression lz4|none] [--blocking]
+//!     [--data random|counter] [--compression lz4|none] [--blocking | --whole]
 //! ```
 //!
 //! `--measure` times, in alternating rounds, the transfer of every value
@@ -16,11 +17,14 @@
 //! `read()` into one reused buffer and written to a socket, the receiver
 //! reading the socket into one reused buffer and writing a file. Both run
 //! over loopback in the same process and directory; it prints the medians,
-//! their ratio and one JSON line. `--blocking` uses `record_blocking` and
-//! `insert_record_from` (the record goes from the socket to disk a piece
-//! at a time) on the two socket threads, one record at a time, instead of
-//! the async calls `record` and `insert_record` with `--window` of them
-//! in flight.
+//! their ratio and one JSON line.
+//!
+//! By default each socket is handed to its buffer for one record at a
+//! time (`send_record`, `receive_record`: the copy runs on the buffer's
+//! stream threads, the socket threads only await it). `--blocking` uses
+//! `record_blocking` and `insert_record_from` on the two socket threads
+//! instead; `--whole` the async calls on whole records, `record` and
+//! `insert_record`, with `--window` of them in flight.
 
 use spillbuffer::{Record, SpillBuffer};
 use std::collections::VecDeque;
@@ -45,11 +49,15 @@ struct Opts {
     counter: bool,
     lz4: bool,
     /// Use the blocking calls on the two socket threads instead of the
-    /// async ones with a window in flight.
+    /// async ones.
     blocking: bool,
+    /// Use the async calls on whole records (`record`, `insert_record`)
+    /// with a window in flight, instead of handing the sockets over.
+    whole: bool,
 }
 
-const USAGE: &str = "usage: transfer [--measure] [--blocking] [--values N] [--size BYTES] \
+const USAGE: &str =
+    "usage: transfer [--measure] [--blocking | --whole] [--values N] [--size BYTES] \
 [--rounds R] [--window W] [--dir DIR] [--data random|counter] [--compression lz4|none]";
 
 fn opts() -> Opts {
@@ -63,6 +71,7 @@ fn opts() -> Opts {
         counter: false,
         lz4: true,
         blocking: false,
+        whole: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -70,6 +79,7 @@ fn opts() -> Opts {
         match a.as_str() {
             "--measure" => o.measure = true,
             "--blocking" => o.blocking = true,
+            "--whole" => o.whole = true,
             "--values" => o.values = val().parse().expect("--values N"),
             "--size" => o.size = val().parse().expect("--size BYTES"),
             "--rounds" => o.rounds = val().parse().expect("--rounds R"),
@@ -120,11 +130,25 @@ fn build(o: &Opts, target: usize) -> Buf {
         .expect("build buffer")
 }
 
-/// Send every key's record, `window` of them read ahead on the sending
-/// buffer's IO pool while earlier ones go out. Returns the bytes sent.
+/// Send every key's record. Returns the bytes sent.
 fn send(rt: &tokio::runtime::Runtime, a: &Buf, o: &Opts, sock: TcpStream) -> u64 {
     let (keys, window, blocking) = (o.values, o.window, o.blocking);
     let mut sock = std::io::BufWriter::with_capacity(64 << 10, sock);
+    if !blocking && !o.whole {
+        // The socket goes to the sending buffer for each record: it is
+        // read from disk and written to the socket on one of the buffer's
+        // threads; this one only awaits it.
+        let mut sent = 0;
+        for k in 0..keys {
+            sock.write_all(&k.to_le_bytes()).expect("send key");
+            let (back, bytes) = rt.block_on(a.send_record(&k, sock)).expect("send_record");
+            sock = back;
+            sent += 8 + bytes.expect("key present");
+        }
+        sock.write_all(&END.to_le_bytes()).expect("send end");
+        sock.flush().expect("flush");
+        return sent;
+    }
     let mut ahead = VecDeque::new();
     let mut sent = 0;
     let mut next = 0;
@@ -162,8 +186,7 @@ fn put(sock: &mut impl Write, k: u64, rec: &Record) -> u64 {
     8 + rec.len() as u64
 }
 
-/// Receive records until the end key and insert each, `window` inserts in
-/// flight on the receiving buffer's IO pool while the next is read.
+/// Receive records until the end key and insert each.
 fn receive(rt: &tokio::runtime::Runtime, b: &Buf, o: &Opts, sock: TcpStream) {
     let (window, blocking) = (o.window, o.blocking);
     let mut sock = BufReader::with_capacity(64 << 10, sock);
@@ -174,6 +197,15 @@ fn receive(rt: &tokio::runtime::Runtime, b: &Buf, o: &Opts, sock: TcpStream) {
         let key = u64::from_le_bytes(key);
         if key == END {
             break;
+        }
+        if !blocking && !o.whole {
+            // The socket goes to the receiving buffer for one record: read,
+            // checksummed and written a piece at a time on one of its
+            // threads; it comes back positioned at the next key.
+            sock = rt
+                .block_on(b.receive_record(key, sock))
+                .expect("receive_record");
+            continue;
         }
         if blocking {
             // Straight from the socket to disk, a piece at a time.
@@ -366,11 +398,17 @@ fn main() {
         o.rounds
     );
     println!(
-        "{{\"workload\":\"transfer\",\"blocking\":{},\"values\":{},\"size\":{},\"window\":{},\"data\":\"{}\",\
+        "{{\"workload\":\"transfer\",\"mode\":\"{}\",\"values\":{},\"size\":{},\"window\":{},\"data\":\"{}\",\
          \"rounds\":{},\"transfer_gbps\":{t:.3},\"raw_gbps\":{r:.3},\"ratio\":{q:.3},\
          \"bytes_transfer\":{bytes_ours},\"bytes_raw\":{bytes_raw},\"records_sent\":{},\
          \"sender_unspills\":{},\"loadavg\":\"{}\"}}",
-        o.blocking,
+        if o.blocking {
+            "blocking"
+        } else if o.whole {
+            "whole"
+        } else {
+            "stream"
+        },
         o.values,
         o.size,
         o.window,

@@ -614,3 +614,319 @@ fn transfer_calls_start_their_work_when_called() {
     assert_corrupt(&rt.block_on(refused).unwrap_err(), 8);
     b.validate().unwrap();
 }
+
+/// Owned bytes read through a socket handed to the buffer: fails with an
+/// error of its own after `fail_after` bytes, if given, and stops after
+/// `stall_at` bytes (saying so on `stalled`) until `go` lets it on.
+#[derive(Debug)]
+struct Peer {
+    bytes: Vec<u8>,
+    at: usize,
+    fail_after: Option<usize>,
+    stall: Option<(
+        usize,
+        std::sync::mpsc::Sender<()>,
+        std::sync::mpsc::Receiver<()>,
+    )>,
+}
+
+impl Peer {
+    fn new(bytes: Vec<u8>) -> Peer {
+        Peer {
+            bytes,
+            at: 0,
+            fail_after: None,
+            stall: None,
+        }
+    }
+
+    /// A peer that stops after `at` bytes: the first receiver hears when
+    /// it got there, a send on the sender lets it go on.
+    fn stalling(
+        bytes: Vec<u8>,
+        at: usize,
+    ) -> (
+        Peer,
+        std::sync::mpsc::Receiver<()>,
+        std::sync::mpsc::Sender<()>,
+    ) {
+        let (stalled_tx, stalled_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel();
+        let mut p = Peer::new(bytes);
+        p.stall = Some((at, stalled_tx, go_rx));
+        (p, stalled_rx, go_tx)
+    }
+
+    fn rest(&self) -> &[u8] {
+        &self.bytes[self.at..]
+    }
+}
+
+impl std::io::Read for Peer {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let mut end = self.bytes.len();
+        if let Some(f) = self.fail_after {
+            if self.at >= f {
+                return Err(std::io::Error::other("connection reset"));
+            }
+            end = end.min(f);
+        }
+        if let Some((s, stalled, go)) = &self.stall {
+            if self.at == *s {
+                let _ = stalled.send(());
+                let _ = go.recv();
+                self.stall = None;
+            } else if self.at < *s {
+                end = end.min(*s);
+            }
+        }
+        let n = buf.len().min(end - self.at);
+        buf[..n].copy_from_slice(&self.bytes[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn records_move_through_streams_handed_to_the_buffers() {
+    for compression in [Compression::Lz4, Compression::None] {
+        let (_dirs, a, b) = pair(compression, Compression::None);
+        for (k, v) in values() {
+            a.insert(k, v).unwrap();
+            if k % 2 == 0 {
+                a.evict(1 << 30);
+                a.flush().await.unwrap();
+            }
+        }
+        let resident = values()
+            .iter()
+            .filter(|(k, _)| a.try_pin(k).is_some())
+            .count() as u64;
+        let mut wire = Vec::new();
+        let mut sent = 0;
+        for (k, _) in values() {
+            let (w, bytes) = a.send_record(&k, wire).await.unwrap();
+            wire = w;
+            sent += bytes.expect("present");
+            assert_eq!(wire.len() as u64, sent, "key {k}: bytes as written");
+        }
+        // An absent key writes nothing and gives the writer back.
+        let (w, bytes) = a.send_record(&99, wire).await.unwrap();
+        assert_eq!(bytes, None);
+        wire = w;
+        assert_eq!(wire.len() as u64, sent);
+        let sa = a.stats();
+        assert_eq!(sa.records_sent_total, 5, "{sa:?}");
+        assert_eq!(sa.records_sent_encoded_total, resident, "{sa:?}");
+        assert_eq!(sa.unspill_count_total, 0, "nothing read back: {sa:?}");
+        // The same bytes as the whole-record calls make.
+        assert_eq!(wire, wire_of(&a));
+        wire.extend_from_slice(b"next");
+        let mut peer = Peer::new(wire);
+        for (k, _) in values() {
+            peer = b.receive_record(k, peer).await.unwrap();
+        }
+        assert_eq!(peer.rest(), b"next", "the reader stands after the records");
+        let s = b.stats();
+        assert_eq!(s.disk_count, 5, "{s:?}");
+        assert_eq!(s.memory_bytes, 0, "nothing decoded on receipt: {s:?}");
+        assert_eq!(s.records_received_total, 5, "{s:?}");
+        assert_eq!(s.records_received_bytes_total, sent, "{s:?}");
+        b.validate().unwrap();
+        for (k, v) in values() {
+            assert_eq!(*b.pin(&k).await.unwrap().unwrap(), v, "key {k}");
+        }
+        b.validate().unwrap();
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn damaged_or_broken_handed_over_streams_insert_nothing_and_release_their_space() {
+    let (_dir, b, good) = a_buffer_and_a_large_record();
+    b.insert(7, value(70, 100)).unwrap();
+    b.evict(1 << 30);
+    b.flush().await.unwrap();
+    let before = b.stats();
+    assert_eq!(before.disk_count, 1, "the old value is on disk: {before:?}");
+    let mut bad: Vec<(String, Vec<u8>)> = Vec::new();
+    for cut in [0, 31, 32, 63, 64, 1 << 20, 3 << 19, good.len() - 1] {
+        bad.push((format!("cut at {cut}"), good[..cut].to_vec()));
+    }
+    // Frame header, record header, payload (first, a middle and the last
+    // piece).
+    for at in [10, 40, 64, 300 << 10, 3 << 19, good.len() - 1] {
+        let mut v = good.clone();
+        v[at] ^= 0x10;
+        bad.push((format!("bit flipped at {at}"), v));
+    }
+    for (what, bytes) in bad {
+        let e = b
+            .receive_record(7, Peer::new(bytes))
+            .await
+            .expect_err(&what);
+        assert_corrupt(&e, 7);
+    }
+    // The reader's own failure, before and after the write began.
+    for left in [10, 3 << 19] {
+        let mut peer = Peer::new(good.clone());
+        peer.fail_after = Some(left);
+        let e = b.receive_record(7, peer).await.expect_err("reader failed");
+        assert!(matches!(e, Error::Io { .. }), "{e}");
+        let text = format!("{e} {:?}", std::error::Error::source(&e));
+        assert!(text.contains("connection reset"), "{text}");
+        assert!(text.contains("key 7"), "{text}");
+    }
+    assert_eq!(
+        *b.pin(&7).await.unwrap().unwrap(),
+        value(70, 100),
+        "old value kept"
+    );
+    b.flush().await.unwrap();
+    let s = b.stats();
+    assert_eq!(
+        (s.disk_count, s.disk_bytes),
+        (before.disk_count, before.disk_bytes),
+        "refused bytes released: {s:?}"
+    );
+    assert_eq!(s.records_received_total, 0, "{s:?}");
+    b.validate().unwrap();
+    // The same buffer takes the good stream afterwards.
+    b.receive_record(7, Peer::new(good)).await.unwrap();
+    assert_eq!(*b.pin(&7).await.unwrap().unwrap(), value(1, 5 << 19));
+    b.flush().await.unwrap();
+    let s = b.stats();
+    assert_eq!(s.disk_count, 1, "the old record released: {s:?}");
+    b.validate().unwrap();
+}
+
+/// A peer that stops sending holds up its own transfer only: with a single
+/// IO thread, spills and reads go on meanwhile; the key is not in until
+/// the record is whole, and a key replaced meanwhile takes the received
+/// record when it is in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_peer_holds_up_no_disk_io_and_inserts_only_when_whole() {
+    let (_dir, _, good) = a_buffer_and_a_large_record();
+    let tb = tempfile::tempdir().unwrap();
+    let b: Buf = SpillBuffer::builder(tb.path())
+        .memory_target(1 << 20)
+        .io_threads(1)
+        .build()
+        .unwrap();
+    b.insert(7, value(70, 100)).unwrap();
+    let (peer, stalled, go) = Peer::stalling(good, 1 << 20);
+    let receiving = b.receive_record(7, peer);
+    stalled.recv().unwrap();
+    // Spills and reads on the only IO thread while the peer is stalled.
+    for k in 0..8u64 {
+        b.insert(100 + k, value(k, 300 << 10)).unwrap();
+    }
+    b.evict(1 << 30);
+    for k in 0..8u64 {
+        assert_eq!(
+            *b.pin(&(100 + k)).await.unwrap().unwrap(),
+            value(k, 300 << 10)
+        );
+    }
+    assert!(b.stats().spill_count_total >= 8);
+    assert_eq!(
+        *b.pin(&7).await.unwrap().unwrap(),
+        value(70, 100),
+        "not in until whole"
+    );
+    // Replaced meanwhile: the received record replaces the new value.
+    b.insert(7, value(77, 100)).unwrap();
+    go.send(()).unwrap();
+    let peer = receiving.await.unwrap();
+    assert!(peer.rest().is_empty());
+    assert_eq!(*b.pin(&7).await.unwrap().unwrap(), value(1, 5 << 19));
+    b.flush().await.unwrap();
+    b.validate().unwrap();
+}
+
+/// Dropping the future does not cancel the transfer: `flush` waits for it,
+/// and the key is in once the peer has sent the rest. Dropping the buffer
+/// while a peer is stalled does not wait for the peer.
+#[test]
+fn a_dropped_stream_future_still_inserts_and_a_stalled_one_does_not_hold_up_drop() {
+    let (_dir, b, good) = a_buffer_and_a_large_record();
+    let (peer, stalled, go) = Peer::stalling(good.clone(), 100);
+    drop(b.receive_record(7, peer));
+    stalled.recv().unwrap();
+    assert!(!b.contains_key(&7));
+    go.send(()).unwrap();
+    b.flush_blocking().unwrap();
+    assert_eq!(*b.get(&7).unwrap().unwrap(), value(1, 5 << 19));
+    b.validate().unwrap();
+
+    let (peer, stalled, go) = Peer::stalling(good, 1 << 20);
+    let receiving = b.receive_record(8, peer);
+    stalled.recv().unwrap();
+    drop(b);
+    go.send(()).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    // Inserted into a buffer that is gone, or refused: either way an
+    // answer, not a hang.
+    let _ = rt.block_on(receiving);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_removed_or_replaced_while_its_record_is_sent_is_absent_or_new() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, faults) = with_faults(SpillBuffer::builder(tmp.path()).io_threads(2));
+    a.insert(1, value(1, 5000)).unwrap();
+    a.insert(2, value(2, 5000)).unwrap();
+    a.evict(1 << 30);
+    a.flush().await.unwrap();
+    faults.hold_reads(true);
+    let removed = a.send_record(&1, Vec::new());
+    let replaced = a.send_record(&2, Vec::new());
+    faults.wait_until_held(2);
+    assert!(a.remove(&1));
+    a.insert(2, value(22, 700)).unwrap();
+    faults.hold_reads(false);
+    let (wire, bytes) = removed.await.unwrap();
+    assert_eq!((wire.len(), bytes), (0, None), "nothing written");
+    let (wire, bytes) = replaced.await.unwrap();
+    assert_eq!(bytes, Some(wire.len() as u64));
+    let tb = tempfile::tempdir().unwrap();
+    let b = buffer(tb.path(), Compression::Lz4);
+    b.receive_record(2, Peer::new(wire)).await.unwrap();
+    assert_eq!(*b.pin(&2).await.unwrap().unwrap(), value(22, 700));
+    a.flush().await.unwrap();
+    a.validate().unwrap();
+    b.validate().unwrap();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_failing_writer_is_an_error_naming_the_key() {
+    struct Broken;
+    impl std::io::Write for Broken {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::Error::other("broken pipe"))
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let a = buffer(tmp.path(), Compression::Lz4);
+    a.insert(3, value(3, 5000)).unwrap();
+    a.evict(1 << 30);
+    a.flush().await.unwrap();
+    let e = a
+        .send_record(&3, Broken)
+        .await
+        .err()
+        .expect("writer failed");
+    assert!(matches!(e, Error::Io { .. }), "{e}");
+    let text = format!("{e} {:?}", std::error::Error::source(&e));
+    assert!(
+        text.contains("broken pipe") && text.contains("key 3"),
+        "{text}"
+    );
+    // The key is untouched.
+    assert_eq!(*a.pin(&3).await.unwrap().unwrap(), value(3, 5000));
+    a.validate().unwrap();
+}

@@ -423,7 +423,9 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
     }
 
     /// Wait until all queued IO (spills, reads, prefetches, compaction) has
-    /// finished.
+    /// finished, transfers on a host's stream too
+    /// ([`SpillBuffer::receive_record`], [`SpillBuffer::send_record`]):
+    /// those wait on their peers.
     pub async fn flush(&self) -> Result<()> {
         self.inner().pool.wait_idle().await;
         Ok(())

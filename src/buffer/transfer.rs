@@ -13,7 +13,7 @@ use super::read::Lookup;
 use super::shard::After;
 use super::{Key, SpillBuffer};
 use crate::error::{Error, Result};
-use crate::io::Priority;
+use crate::io::{Free, Priority};
 use crate::metrics::Metrics;
 use crate::record::{Encoding, Record};
 use crate::store::transfer::{open_received, transfer_path, Encoded, Streamed};
@@ -22,7 +22,7 @@ use crate::value::Spill;
 use std::borrow::Borrow;
 use std::future::Future;
 use std::hash::Hash;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
@@ -170,22 +170,158 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
     /// already written are released; where `reader` stands within the
     /// record is then unspecified.
     pub fn insert_record_from<R: Read + ?Sized>(&self, key: K, reader: &mut R) -> Result<()> {
-        let inner = self.inner();
-        match inner.store.write_streamed(&key, reader)? {
-            Streamed::Whole { loc, weight, len } => {
-                inner.install(key, loc, weight, len);
-                Ok(())
-            }
-            Streamed::Refused { loc, error } => {
-                let after = After {
-                    release: Some(loc),
-                    ..After::default()
-                };
-                inner.act(inner.shard_of(&key), after);
-                Err(error)
+        self.inner().receive_from(key, reader)
+    }
+
+    /// Read one record from `reader` (a socket handed over by the host)
+    /// and insert it as `key`'s value, as
+    /// [`SpillBuffer::insert_record_from`] does, but off the caller's
+    /// thread: never blocks the caller. The record goes from the stream to
+    /// disk a piece at a time on one of the buffer's stream threads — each
+    /// piece read, checksummed and written while it is still in that
+    /// core's cache, the way a plain socket-to-file copy moves bytes — and
+    /// the key is inserted only once the whole record checked out. The
+    /// reader comes back when the record is in, positioned at whatever
+    /// follows it (the next key of the host's protocol, say).
+    ///
+    /// The stream threads are the buffer's own, apart from the IO pool's
+    /// disk threads: a peer that sends slowly, or stops, holds up only its
+    /// own transfer (and, when 16 transfers wait on their peers at once,
+    /// the ones queued behind them), never a spill, a read or a
+    /// compaction. Give a socket a read timeout
+    /// ([`std::net::TcpStream::set_read_timeout`]) so that a peer that
+    /// vanished fails the transfer rather than hold a thread, and
+    /// [`SpillBuffer::flush`] (which waits for transfers in progress too).
+    ///
+    /// The transfer is queued when this is called; the future only waits
+    /// for the outcome, borrows nothing, and dropping it does not cancel
+    /// the transfer (the reader is then dropped when it is done).
+    ///
+    /// # Errors
+    ///
+    /// As [`SpillBuffer::insert_record_from`], each naming the key:
+    /// [`Error::Corrupt`] if the bytes are not a whole record of this
+    /// format version (a damaged header or payload, a stream that ends
+    /// inside the record); [`Error::Io`] if `reader` fails (a timeout,
+    /// say); [`Error::DiskBudget`], [`Error::DiskFull`] or [`Error::Io`]
+    /// if the write fails; [`Error::Io`] also if no stream thread could be
+    /// started. On error nothing is inserted, any old value of the key
+    /// stays, the disk space taken for the record is released, and the
+    /// reader is dropped: where it stood within the record is unknown, so
+    /// the stream cannot be read on.
+    pub fn receive_record<R: Read + Send + 'static>(
+        &self,
+        key: K,
+        reader: R,
+    ) -> impl Future<Output = Result<R>> + Send + 'static + use<K, V, R> {
+        let inner = Arc::clone(&self.handle.inner);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let named = format!("{key:?}");
+        let queued = self
+            .inner()
+            .pool
+            .submit_stream(Box::new(move |free: Free<'_>| {
+                let mut reader = reader;
+                let res = inner.receive_from(key, &mut reader).map(|()| reader);
+                drop(free);
+                let _ = tx.send(res);
+            }));
+        async move {
+            match queued {
+                Ok(true) => rx.await.unwrap_or(Err(Error::Closed)),
+                Ok(false) => Err(Error::Closed),
+                Err(e) => Err(no_thread(&named, e)),
             }
         }
     }
+
+    /// Write `key`'s record to `writer` (a socket handed over by the
+    /// host), as [`SpillBuffer::record`] would hand it out followed by
+    /// [`Record::write_to`], but with both done on one of the buffer's
+    /// stream threads: never blocks the caller. A record on disk is read
+    /// there and written on by the same thread while its bytes are still
+    /// in that core's cache, as a plain file-to-socket copy does; nothing
+    /// is decoded. The writer comes back once the record is written (not
+    /// flushed), with the number of bytes written, or at once with `None`
+    /// and nothing written if the key is absent.
+    ///
+    /// The bytes are those of the value the key held when its record was
+    /// read (a key removed meanwhile gives `None`, a key replaced
+    /// meanwhile the new value's record): the record is read whole and
+    /// checked to be still that key's before its first byte is written.
+    /// A slow peer holds up only this transfer, as with
+    /// [`SpillBuffer::receive_record`] (give a socket a write timeout).
+    /// The transfer is queued when this is called; dropping the future
+    /// does not cancel it. Counted in
+    /// [`Stats::records_sent_total`](crate::Stats::records_sent_total).
+    ///
+    /// # Errors
+    ///
+    /// As [`SpillBuffer::record`], naming the key: [`Error::Io`] if the
+    /// record cannot be read, [`Error::Corrupt`] if its header is damaged,
+    /// [`Error::Encode`] if a value in memory fails to encode (then
+    /// nothing was written); [`Error::Io`] if `writer` fails (some bytes
+    /// may have been written) or no stream thread could be started. On
+    /// error the writer is dropped.
+    pub fn send_record<Q, W: Write + Send + 'static>(
+        &self,
+        key: &Q,
+        writer: W,
+    ) -> impl Future<Output = Result<(W, Option<u64>)>> + Send + 'static + use<K, V, Q, W>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let queued = match self.inner().key_of(key) {
+            None => Err(writer),
+            Some(key) => {
+                let inner = Arc::clone(&self.handle.inner);
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                let named = format!("{key:?}");
+                let submitted = self
+                    .inner()
+                    .pool
+                    .submit_stream(Box::new(move |free: Free<'_>| {
+                        let mut writer = writer;
+                        let res = match inner.record_of(&key) {
+                            Ok(Some(rec)) => rec
+                                .write_to(&mut writer)
+                                .map(|()| (writer, Some(rec.len() as u64)))
+                                .map_err(|e| {
+                                    Error::io("send record", transfer_path(), naming(&key, e))
+                                }),
+                            Ok(None) => Ok((writer, None)),
+                            Err(e) => Err(e),
+                        };
+                        drop(free);
+                        let _ = tx.send(res);
+                    }));
+                Ok((submitted, rx, named))
+            }
+        };
+        async move {
+            match queued {
+                Err(writer) => Ok((writer, None)),
+                Ok((Ok(true), rx, _)) => rx.await.unwrap_or(Err(Error::Closed)),
+                Ok((Ok(false), _, _)) => Err(Error::Closed),
+                Ok((Err(e), _, named)) => Err(no_thread(&named, e)),
+            }
+        }
+    }
+}
+
+/// A stream's own failure, its message naming the key it was moving.
+fn naming<K: Key>(key: &K, e: std::io::Error) -> std::io::Error {
+    std::io::Error::new(e.kind(), format!("transfer of key {key:?}: {e}"))
+}
+
+/// No stream thread could be started for the transfer of `key`.
+fn no_thread(key: &str, e: std::io::Error) -> Error {
+    Error::io(
+        "start a stream thread",
+        transfer_path(),
+        std::io::Error::new(e.kind(), format!("transfer of key {key}: {e}")),
+    )
 }
 
 /// Where a key's record comes from.
@@ -296,6 +432,26 @@ impl<K: Key, V: Spill> Inner<K, V> {
         let loc = self.store.write_received(&key, &received)?;
         self.install(key, loc, received.weight, rec.len() as u64);
         Ok(())
+    }
+
+    /// Read one record from `reader` and write it to disk as it comes
+    /// (`Store::write_streamed`), then make it the key's entry; a record
+    /// refused part way has its bytes released, and nothing is inserted.
+    fn receive_from<R: Read + ?Sized>(&self, key: K, reader: &mut R) -> Result<()> {
+        match self.store.write_streamed(&key, reader)? {
+            Streamed::Whole { loc, weight, len } => {
+                self.install(key, loc, weight, len);
+                Ok(())
+            }
+            Streamed::Refused { loc, error } => {
+                let after = After {
+                    release: Some(loc),
+                    ..After::default()
+                };
+                self.act(self.shard_of(&key), after);
+                Err(error)
+            }
+        }
     }
 
     /// Make the record just written at `loc` (`len` bytes received) the

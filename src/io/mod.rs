@@ -8,8 +8,14 @@
 //! them, from async code or from a blocking caller, and measures its
 //! wall-clock busy time ([`busy`]). With the `metrics` feature its threads
 //! also run a periodic callback ([`tick`]) between jobs.
+//!
+//! Jobs that move a record between a host's stream (a peer's socket) and
+//! disk run on threads of their own ([`streams`]): they may wait on the
+//! peer for as long as it takes, and must never hold up the disk work of
+//! the queues above.
 
 mod busy;
+mod streams;
 #[cfg(feature = "metrics")]
 mod tick;
 
@@ -20,6 +26,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::thread::{JoinHandle, ThreadId};
+use streams::Streams;
+pub(crate) use streams::{Free, StreamJob};
 #[cfg(feature = "metrics")]
 use tick::Tick;
 
@@ -75,6 +83,8 @@ impl Idle {
 
 struct Queues {
     tx: [Sender<Job>; QUEUES],
+    /// Jobs for the stream threads.
+    streams: Sender<StreamJob>,
     /// Dropped at shutdown to wake idle threads.
     stop: Option<Sender<()>>,
 }
@@ -88,6 +98,8 @@ pub(crate) struct Pool {
     busy: Arc<Busy>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     thread_ids: Vec<ThreadId>,
+    /// Threads for jobs that wait on a host's stream, started on demand.
+    streams: Streams,
     #[cfg(feature = "metrics")]
     tick: MaybeTick,
 }
@@ -127,6 +139,7 @@ impl Pool {
         let rx = channels.each_ref().map(|(_, rx)| rx.clone());
         let tx = channels.map(|(tx, _)| tx);
         let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
+        let (streams_tx, streams_rx) = crossbeam_channel::unbounded();
         let idle = Arc::new(Idle::default());
         let busy = Arc::new(Busy::default());
         let mut handles = Vec::with_capacity(threads);
@@ -145,9 +158,11 @@ impl Pool {
             thread_ids: handles.iter().map(|h| h.thread().id()).collect(),
             queues: RwLock::new(Some(Queues {
                 tx,
+                streams: streams_tx,
                 stop: Some(stop_tx),
             })),
             rx,
+            streams: Streams::new(streams_rx, Arc::clone(&idle)),
             idle,
             busy,
             threads: Mutex::new(handles),
@@ -168,6 +183,27 @@ impl Pool {
             return false;
         }
         true
+    }
+
+    /// Queue a job that moves bytes between a host's stream and disk, and
+    /// may wait on the stream for long: it runs on a stream thread, never
+    /// on the threads of the four queues, so a slow peer holds up only its
+    /// own transfer (and, once [`streams::MAX_THREADS`] transfers wait on
+    /// their peers, the transfers queued behind them). Counted by `flush`
+    /// like any job. `Ok(false)` (dropping the job) once shut down; `Err`
+    /// if no thread could be started for it (the job is dropped).
+    pub(crate) fn submit_stream(&self, job: StreamJob) -> std::io::Result<bool> {
+        let g = self.queues.read();
+        let Some(q) = g.as_ref() else {
+            return Ok(false);
+        };
+        self.idle.pending.fetch_add(1, SeqCst);
+        if q.streams.send(job).is_err() {
+            self.idle.done();
+            return Ok(false);
+        }
+        self.streams.after_send()?;
+        Ok(true)
     }
 
     /// Jobs queued or running.
@@ -216,6 +252,9 @@ impl Pool {
         };
         drop(q.stop.take());
         drop(q);
+        // Stream threads are not joined: one may be waiting on a peer.
+        // They drop what is queued and exit once their job returns.
+        self.streams.stop();
         let handles = std::mem::take(&mut *self.threads.lock());
         let on_pool = self.on_pool_thread();
         for h in handles {
@@ -231,6 +270,7 @@ impl Pool {
                 self.idle.done();
             }
         }
+        self.streams.drain();
     }
 }
 
@@ -417,6 +457,48 @@ mod tests {
         assert!(!pool.submit(Priority::Demand, Box::new(|| {})));
         // Whether or not the queued job ran first, nothing is left counted.
         assert_eq!(pool.pending(), 0);
+    }
+
+    /// A stream job waiting on its peer holds up neither the queues nor
+    /// shutdown; `flush` counts it; one thread serves jobs that follow each
+    /// other.
+    #[test]
+    fn stream_jobs_run_apart_from_the_queues() {
+        let pool = Pool::new(1).unwrap();
+        let (gate_tx, gate_rx) = crossbeam_channel::bounded::<()>(0);
+        assert!(pool
+            .submit_stream(Box::new(move |_free| {
+                let _ = gate_rx.recv();
+            }))
+            .unwrap());
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = Arc::clone(&ran);
+        pool.submit(Priority::Spill, Box::new(move || r.store(true, SeqCst)));
+        // The spill job runs (and finishes) while the stream job waits.
+        while !ran.load(SeqCst) || pool.pending() > 1 {
+            std::thread::yield_now();
+        }
+        assert_eq!(pool.pending(), 1, "the stream job is still counted");
+        gate_tx.send(()).unwrap();
+        pool.wait_idle_blocking();
+        for _ in 0..20 {
+            let (tx, rx) = crossbeam_channel::bounded::<()>(1);
+            pool.submit_stream(Box::new(move |free| {
+                drop(free);
+                let _ = tx.send(());
+            }))
+            .unwrap();
+            rx.recv().unwrap();
+        }
+        assert_eq!(pool.streams.live(), 1, "one thread for jobs in turn");
+        // A job stuck on its peer at shutdown is not waited for.
+        let (_gate_tx, gate_rx) = crossbeam_channel::bounded::<()>(0);
+        pool.submit_stream(Box::new(move |_free| {
+            let _ = gate_rx.recv();
+        }))
+        .unwrap();
+        pool.shutdown();
+        assert!(!pool.submit_stream(Box::new(|_free| {})).unwrap());
     }
 
     #[tokio::test]

@@ -234,7 +234,7 @@ pub(crate) const SERIES: &[Def] = &[
         "spillbuffer_records_received_total",
         Kind::Counter,
         Unit::Count,
-        "Records inserted by `insert_record`, `insert_record_blocking` or `insert_record_from`, written as they came.",
+        "Records inserted by `insert_record`, `insert_record_blocking`, `insert_record_from` or `receive_record`, written as they came.",
         Field::Int(|s| s.records_received_total),
     ),
     def(

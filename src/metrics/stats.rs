@@ -74,8 +74,8 @@ pub struct Stats {
     /// Bytes of the records sent, frame headers included.
     pub records_sent_bytes_total: u64,
     /// Records written as they came by [`crate::SpillBuffer::insert_record`],
-    /// its blocking form or [`crate::SpillBuffer::insert_record_from`],
-    /// over the buffer's life.
+    /// its blocking form, [`crate::SpillBuffer::insert_record_from`] or
+    /// [`crate::SpillBuffer::receive_record`], over the buffer's life.
     pub records_received_total: u64,
     /// Bytes of the records received, frame headers included.
     pub records_received_bytes_total: u64,

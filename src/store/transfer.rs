@@ -187,7 +187,11 @@ impl<K: Clone + Debug> Store<K> {
             io::ErrorKind::UnexpectedEof => {
                 corrupt("the stream ended inside the record (truncated)".into())
             }
-            _ => Error::io("read transfer", transfer_path(), e),
+            _ => Error::io(
+                "read transfer",
+                transfer_path(),
+                io::Error::new(e.kind(), format!("transfer of key {key:?}: {e}")),
+            ),
         };
         let mut frame = [0u8; FRAME];
         reader.read_exact(&mut frame).map_err(failed)?;
