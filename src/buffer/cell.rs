@@ -87,31 +87,11 @@ pub(crate) struct HitCell<V> {
     /// shard lock while the cell is closed and holds no pin; read by hits
     /// that hold a cell pin.
     value: UnsafeCell<Option<Arc<V>>>,
-    ticks: Arc<Ticks>,
-    /// The shard, for the release that ends a lease or a consume.
-    home: Arc<CellHome<V>>,
-    slot: u32,
-    version: u64,
-}
-
-/// What the cells of one shard share: the buffer their releases call
-/// back, its clock, and the shard's number. One per shard rather than in
-/// every cell, so that a cell (with its `Arc`'s counts) fits 72 bytes.
-pub(crate) struct CellHome<V> {
-    /// Weak: a hit writes no reference count but the cell's own.
+    /// The buffer, for the release that ends a lease or a consume. Weak:
+    /// a hit writes no reference count but the cell's own.
     owner: Weak<dyn PinOwner<V>>,
     ticks: Arc<Ticks>,
-    shard: u32,
-}
-
-impl<V> CellHome<V> {
-    pub(crate) fn new(owner: Weak<dyn PinOwner<V>>, ticks: Arc<Ticks>, shard: u32) -> Arc<Self> {
-        Arc::new(CellHome {
-            owner,
-            ticks,
-            shard,
-        })
-    }
+    at: PinAt,
 }
 
 // SAFETY: `value` is written only by the shard, under its lock, while no
@@ -123,17 +103,20 @@ unsafe impl<V: Send + Sync> Send for HitCell<V> {}
 unsafe impl<V: Send + Sync> Sync for HitCell<V> {}
 
 impl<V> HitCell<V> {
-    /// A closed cell for the entry of `home`'s shard at `slot`, of
-    /// `version`, holding `value`.
-    pub(crate) fn new(value: Arc<V>, home: &Arc<CellHome<V>>, slot: u32, version: u64) -> Self {
+    /// A closed cell for the entry at `at`, holding `value`.
+    pub(crate) fn new(
+        value: Arc<V>,
+        owner: Weak<dyn PinOwner<V>>,
+        ticks: Arc<Ticks>,
+        at: PinAt,
+    ) -> Self {
         HitCell {
             word: AtomicU64::new(0),
             last_use: AtomicU64::new(0),
             value: UnsafeCell::new(Some(value)),
-            ticks: Arc::clone(&home.ticks),
-            home: Arc::clone(home),
-            slot,
-            version,
+            owner,
+            ticks,
+            at,
         }
     }
 
@@ -208,16 +191,12 @@ impl<V> HitCell<V> {
     }
 
     pub(crate) fn owner(&self) -> Option<Arc<dyn PinOwner<V>>> {
-        self.home.owner.upgrade()
+        self.owner.upgrade()
     }
 
     /// Where the entry is, for the shard that ends a lease.
     pub(crate) fn at(&self) -> PinAt {
-        PinAt {
-            shard: self.home.shard,
-            slot: self.slot,
-            version: self.version,
-        }
+        self.at
     }
 
     /// The entry went on its list at `tick`: hits may pin again. Under the

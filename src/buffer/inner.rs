@@ -11,7 +11,7 @@
 //! the spill queue's and the memory waiters' are taken alone. Encoding, IO,
 //! dropping values and waking waiters happen after every lock is released.
 
-use super::cell::{CellHome, HitCell, HitIndex, Released};
+use super::cell::{HitCell, HitIndex, Released};
 use super::entry::{Delta, ListKind, Node};
 use super::failure::Failures;
 use super::hash::KeyHash;
@@ -119,11 +119,9 @@ impl<K: Key, V: Spill> Inner<K, V> {
                         hasher,
                         Cells {
                             index: Arc::clone(&hits),
-                            home: CellHome::new(
-                                me.clone() as Weak<dyn PinOwner<V>>,
-                                Arc::clone(&ticks),
-                                s as u32,
-                            ),
+                            owner: me.clone() as Weak<dyn PinOwner<V>>,
+                            ticks: Arc::clone(&ticks),
+                            shard: s as u32,
                         },
                     )),
                     tails: [AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX)],

@@ -13,11 +13,12 @@
 //! lock is released: values to drop, a write to queue, a record to
 //! release, waiters to answer. The buffer acts on it (`Inner::act`).
 
-use crate::buffer::cell::{CellHome, HitCell, HitIndex, Released};
+use crate::buffer::cell::{HitCell, HitIndex, Released};
 use crate::buffer::entry::{Delta, Detached, Evicted, ListKind, Node, Removed, State, Unpinned};
 use crate::buffer::hash::KeyHash;
 use crate::buffer::lru::{Lists, Slab};
-use crate::buffer::pinned::{PinAt, Waiter};
+use crate::buffer::pinned::{PinAt, PinOwner, Waiter};
+use crate::buffer::tick::Ticks;
 use crate::buffer::way;
 use crate::buffer::write::SpillJob;
 use crate::store::compact::Relocated;
@@ -26,14 +27,16 @@ use hashbrown::HashTable;
 use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 /// What a shard needs to give its entries hit cells: the buffer's index
-/// of them, and what its cells share (the owner their releases call back,
-/// the buffer's clock, the shard's own number).
+/// of them, the owner their releases call back, the buffer's clock, and
+/// the shard's own number.
 pub(crate) struct Cells<K, V> {
     pub index: Arc<HitIndex<K, V>>,
-    pub home: Arc<CellHome<V>>,
+    pub owner: Weak<dyn PinOwner<V>>,
+    pub ticks: Arc<Ticks>,
+    pub shard: u32,
 }
 
 /// Readers to answer after unlocking.
@@ -146,14 +149,14 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         V: 'static,
     {
         let hash = KeyHash::new();
-        use crate::buffer::{pinned::PinOwner, tick::Ticks};
-        use std::sync::Weak;
         let owner: Weak<dyn PinOwner<V>> = Weak::<tests::NoOwner>::new();
         Self::new_in(
             hash,
             Cells {
                 index: Arc::new(HitIndex::new(hash)),
-                home: CellHome::new(owner, Arc::new(Ticks::new()), 0),
+                owner,
+                ticks: Arc::new(Ticks::new()),
+                shard: 0,
             },
         )
     }
@@ -347,7 +350,17 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         let Some(value) = n.state().value() else {
             return;
         };
-        let cell = HitCell::new(Arc::clone(value), &self.cells.home, idx, n.version);
+        let at = PinAt {
+            shard: self.cells.shard,
+            slot: idx,
+            version: n.version,
+        };
+        let cell = HitCell::new(
+            Arc::clone(value),
+            self.cells.owner.clone(),
+            Arc::clone(&self.cells.ticks),
+            at,
+        );
         let key = n.key.clone();
         if self.cells.index.publish(key, Arc::new(cell)) {
             self.node_mut(idx).set_celled(true);

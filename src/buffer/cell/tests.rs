@@ -18,11 +18,6 @@ fn at(version: u64) -> PinAt {
     }
 }
 
-/// What the cells of the test shard share.
-fn home<V>(owner: Weak<dyn PinOwner<V>>, ticks: &Arc<Ticks>) -> Arc<CellHome<V>> {
-    CellHome::new(owner, Arc::clone(ticks), at(0).shard)
-}
-
 #[cfg(not(shuttle))]
 mod unit {
     use super::*;
@@ -86,7 +81,7 @@ mod unit {
         let owner = Arc::new(Recorder::default());
         let ticks = Arc::new(Ticks::new());
         let weak: Weak<dyn PinOwner<u64>> = Arc::downgrade(&owner) as _;
-        let cell = HitCell::new(Arc::new(VALUE), &home(weak, &ticks), at(1).slot, 1);
+        let cell = HitCell::new(Arc::new(VALUE), weak, Arc::clone(&ticks), at(1));
         (owner, ticks, cell)
     }
 
@@ -378,21 +373,6 @@ mod unit {
         assert!(value.upgrade().is_none(), "the cell outlived its pins");
     }
 
-    /// A cell and its `Arc`'s counts fit 72 bytes: an 80-byte block of
-    /// the allocator (a block holds 8 bytes less than its size), where
-    /// 80 bytes would take 96.
-    #[test]
-    fn a_cell_with_its_counts_fits_72_bytes() {
-        let counts = std::alloc::Layout::new::<[usize; 2]>();
-        let with_counts = counts
-            .extend(std::alloc::Layout::new::<HitCell<Vec<f64>>>())
-            .unwrap()
-            .0
-            .pad_to_align()
-            .size();
-        assert!(with_counts <= 72, "{with_counts} bytes");
-    }
-
     #[test]
     fn the_index_pins_only_open_cells() {
         let (_owner, ticks, cell) = fixture();
@@ -496,7 +476,7 @@ mod unit {
             ticks: Arc::clone(&ticks),
         });
         let weak: Weak<dyn PinOwner<u64>> = Arc::downgrade(&shard) as _;
-        let cell = HitCell::new(Arc::new(VALUE), &home(weak, &ticks), at(1).slot, 1);
+        let cell = HitCell::new(Arc::new(VALUE), weak, Arc::clone(&ticks), at(1));
         {
             let mut books = shard.books.lock().unwrap();
             cell.open(ticks.next(0));
@@ -655,9 +635,9 @@ mod schedules {
             let weak: Weak<dyn PinOwner<u64>> = Arc::downgrade(self) as _;
             Arc::new(HitCell::new(
                 value,
-                &home(weak, &self.ticks),
-                at(version).slot,
-                version,
+                weak,
+                Arc::clone(&self.ticks),
+                at(version),
             ))
         }
 
