@@ -214,25 +214,11 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
         key: K,
         reader: R,
     ) -> impl Future<Output = Result<R>> + Send + 'static + use<K, V, R> {
-        let inner = Arc::clone(&self.handle.inner);
-        let (tx, rx) = tokio::sync::oneshot::channel();
         let named = format!("{key:?}");
-        let queued = self
-            .inner()
-            .pool
-            .submit_stream(Box::new(move |free: Free<'_>| {
-                let mut reader = reader;
-                let res = inner.receive_from(key, &mut reader).map(|()| reader);
-                drop(free);
-                let _ = tx.send(res);
-            }));
-        async move {
-            match queued {
-                Ok(true) => rx.await.unwrap_or(Err(Error::Closed)),
-                Ok(false) => Err(Error::Closed),
-                Err(e) => Err(no_thread(&named, e)),
-            }
-        }
+        self.on_stream_thread(named, move |inner| {
+            let mut reader = reader;
+            inner.receive_from(key, &mut reader).map(|()| reader)
+        })
     }
 
     /// Write `key`'s record to `writer` (a socket handed over by the
@@ -275,36 +261,58 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
         let queued = match self.inner().key_of(key) {
             None => Err(writer),
             Some(key) => {
-                let inner = Arc::clone(&self.handle.inner);
-                let (tx, rx) = tokio::sync::oneshot::channel();
                 let named = format!("{key:?}");
-                let submitted = self
-                    .inner()
-                    .pool
-                    .submit_stream(Box::new(move |free: Free<'_>| {
-                        let mut writer = writer;
-                        let res = match inner.record_of(&key) {
-                            Ok(Some(rec)) => rec
-                                .write_to(&mut writer)
-                                .map(|()| (writer, Some(rec.len() as u64)))
-                                .map_err(|e| {
-                                    Error::io("send record", transfer_path(), naming(&key, e))
-                                }),
-                            Ok(None) => Ok((writer, None)),
-                            Err(e) => Err(e),
-                        };
-                        drop(free);
-                        let _ = tx.send(res);
-                    }));
-                Ok((submitted, rx, named))
+                Ok(self.on_stream_thread(named, move |inner| {
+                    let mut writer = writer;
+                    match inner.record_of(&key)? {
+                        Some(rec) => rec
+                            .write_to(&mut writer)
+                            .map(|()| (writer, Some(rec.len() as u64)))
+                            .map_err(|e| {
+                                Error::io("send record", transfer_path(), naming(&key, e))
+                            }),
+                        None => Ok((writer, None)),
+                    }
+                }))
             }
         };
         async move {
             match queued {
                 Err(writer) => Ok((writer, None)),
-                Ok((Ok(true), rx, _)) => rx.await.unwrap_or(Err(Error::Closed)),
-                Ok((Ok(false), _, _)) => Err(Error::Closed),
-                Ok((Err(e), _, named)) => Err(no_thread(&named, e)),
+                Ok(sent) => sent.await,
+            }
+        }
+    }
+
+    /// Run `work` on one of the buffer's stream threads (`named`: the key
+    /// it moves, for the error if no thread can be started). The transfer
+    /// is queued now; the future only waits for its outcome, and dropping
+    /// it does not cancel the transfer.
+    fn on_stream_thread<T, F>(
+        &self,
+        named: String,
+        work: F,
+    ) -> impl Future<Output = Result<T>> + Send + 'static + use<K, V, T, F>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Inner<K, V>) -> Result<T> + Send + 'static,
+    {
+        let inner = Arc::clone(&self.handle.inner);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let queued = self
+            .inner()
+            .pool
+            .submit_stream(Box::new(move |free: Free<'_>| {
+                let res = work(&inner);
+                // The thread is free before the caller wakes (`Free`).
+                drop(free);
+                let _ = tx.send(res);
+            }));
+        async move {
+            match queued {
+                Ok(true) => rx.await.unwrap_or(Err(Error::Closed)),
+                Ok(false) => Err(Error::Closed),
+                Err(e) => Err(no_thread(&named, e)),
             }
         }
     }
