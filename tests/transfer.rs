@@ -417,6 +417,23 @@ fn records_stream_back_to_back() {
 /// sent by another: key 1's 2.5 MiB incompressible value, spilled (so
 /// stored, and sent, raw) and larger than several of the pieces a stream
 /// is written in.
+/// Broken copies of the transfer `good`, each named: cut short in the
+/// frame header, the record header, at `mid_cut` and further into the
+/// payload, and with one bit flipped in the frame header, the record
+/// header and the payload (first, a middle and the last piece).
+fn damaged(good: &[u8], mid_cut: usize) -> Vec<(String, Vec<u8>)> {
+    let mut bad = Vec::new();
+    for cut in [0, 31, 32, 63, 64, mid_cut, 3 << 19, good.len() - 1] {
+        bad.push((format!("cut at {cut}"), good[..cut].to_vec()));
+    }
+    for at in [10, 40, 64, 300 << 10, 3 << 19, good.len() - 1] {
+        let mut v = good.to_vec();
+        v[at] ^= 0x10;
+        bad.push((format!("bit flipped at {at}"), v));
+    }
+    bad
+}
+
 fn a_buffer_and_a_large_record() -> (tempfile::TempDir, Buf, Vec<u8>) {
     let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let a = buffer(ta.path(), Compression::Lz4);
@@ -522,15 +539,7 @@ impl std::io::Read for Failing<'_> {
 fn damaged_or_broken_streams_insert_nothing_and_keep_the_old_value() {
     let (_dir, b, good) = a_buffer_and_a_large_record();
     b.insert(7, value(70, 100)).unwrap();
-    let mut bad: Vec<(String, Vec<u8>)> = Vec::new();
-    for cut in [0, 31, 32, 63, 64, 300 << 10, 3 << 19, good.len() - 1] {
-        bad.push((format!("cut at {cut}"), good[..cut].to_vec()));
-    }
-    for at in [10, 40, 64, 300 << 10, 3 << 19, good.len() - 1] {
-        let mut v = good.clone();
-        v[at] ^= 0x10;
-        bad.push((format!("bit flipped at {at}"), v));
-    }
+    let bad = damaged(&good, 300 << 10);
     for (what, bytes) in &bad {
         let e = b
             .insert_record_from(7, &mut bytes.as_slice())
@@ -748,17 +757,7 @@ async fn damaged_or_broken_handed_over_streams_insert_nothing_and_release_their_
     b.flush().await.unwrap();
     let before = b.stats();
     assert_eq!(before.disk_count, 1, "the old value is on disk: {before:?}");
-    let mut bad: Vec<(String, Vec<u8>)> = Vec::new();
-    for cut in [0, 31, 32, 63, 64, 1 << 20, 3 << 19, good.len() - 1] {
-        bad.push((format!("cut at {cut}"), good[..cut].to_vec()));
-    }
-    // Frame header, record header, payload (first, a middle and the last
-    // piece).
-    for at in [10, 40, 64, 300 << 10, 3 << 19, good.len() - 1] {
-        let mut v = good.clone();
-        v[at] ^= 0x10;
-        bad.push((format!("bit flipped at {at}"), v));
-    }
+    let bad = damaged(&good, 1 << 20);
     for (what, bytes) in bad {
         let e = b
             .receive_record(7, Peer::new(bytes))
