@@ -22,7 +22,7 @@
 //! By default each socket is handed to its buffer for one record at a
 //! time (`send_record`, `receive_record`: the copy runs on the buffer's
 //! stream threads, the socket threads only await it). `--blocking` uses
-//! `record_blocking` and `insert_record_from` on the two socket threads
+//! `write_record_to` and `insert_record_from` on the two socket threads
 //! instead; `--whole` the async calls on whole records, `record` and
 //! `insert_record`, with `--window` of them in flight.
 
@@ -154,11 +154,12 @@ fn send(rt: &tokio::runtime::Runtime, a: &Buf, o: &Opts, sock: TcpStream) -> u64
     let mut next = 0;
     while next < keys || !ahead.is_empty() {
         if blocking {
-            let rec = a
-                .record_blocking(&next)
-                .expect("record")
-                .expect("key present");
-            sent += put(&mut sock, next, &rec);
+            // Straight from disk to the socket, a piece at a time.
+            sock.write_all(&next.to_le_bytes()).expect("send key");
+            let bytes = a
+                .write_record_to(&next, &mut sock)
+                .expect("write_record_to");
+            sent += 8 + bytes.expect("key present");
             next += 1;
             continue;
         }

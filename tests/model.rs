@@ -39,7 +39,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Keys),
         1 => Just(Op::RetrySpills),
         1 => (key(), len(), any::<bool>()).prop_map(|(key, len, wait)| Op::InsertBad { key, len, wait }),
-        2 => (key(), key(), any::<bool>()).prop_map(|(from, to, blocking)| Op::Transfer { from, to, blocking }),
+        2 => (key(), key(), any::<bool>(), any::<bool>())
+            .prop_map(|(from, to, blocking, streamed)| Op::Transfer { from, to, blocking, streamed }),
     ]
 }
 

@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::io::{Free, Priority};
 use crate::metrics::Metrics;
 use crate::record::{Encoding, Record};
-use crate::store::transfer::{open_received, transfer_path, Encoded, Streamed};
+use crate::store::transfer::{naming, open_received, transfer_path, Encoded, Streamed};
 use crate::store::DiskLoc;
 use crate::value::Spill;
 use std::borrow::Borrow;
@@ -223,18 +223,24 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
 
     /// Write `key`'s record to `writer` (a socket handed over by the
     /// host), as [`SpillBuffer::record`] would hand it out followed by
-    /// [`Record::write_to`], but with both done on one of the buffer's
-    /// stream threads: never blocks the caller. A record on disk is read
-    /// there and written on by the same thread while its bytes are still
-    /// in that core's cache, as a plain file-to-socket copy does; nothing
-    /// is decoded. The writer comes back once the record is written (not
-    /// flushed), with the number of bytes written, or at once with `None`
-    /// and nothing written if the key is absent.
+    /// [`Record::write_to`], but on one of the buffer's stream threads and
+    /// without holding the whole record in memory: never blocks the
+    /// caller. A record on disk is sent as stored, a piece at a time, each
+    /// piece read and written on by the same thread while it is still in
+    /// that core's cache, as a plain file-to-socket copy does; nothing is
+    /// decoded. A value only in memory is encoded first, as
+    /// [`SpillBuffer::record`] encodes it. The writer comes back once the
+    /// record is written (not flushed), with the number of bytes written,
+    /// or at once with `None` and nothing written if the key is absent.
     ///
-    /// The bytes are those of the value the key held when its record was
-    /// read (a key removed meanwhile gives `None`, a key replaced
-    /// meanwhile the new value's record): the record is read whole and
-    /// checked to be still that key's before its first byte is written.
+    /// The bytes are those of the value the key held when the send began:
+    /// a key removed before gives `None`, one replaced before the new
+    /// value's record. A record on disk is found to be still the key's
+    /// before its first byte is read, and its bytes are then kept as they
+    /// are until the last is written (its file is neither written over nor
+    /// punched, even if the key is removed, replaced or its record moved
+    /// meanwhile), so it goes out whole and unchanged; its header is
+    /// checked before the first byte is written.
     /// A slow peer holds up only this transfer, as with
     /// [`SpillBuffer::receive_record`] (give a socket a write timeout).
     /// The transfer is queued when this is called; dropping the future
@@ -244,8 +250,9 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
     /// # Errors
     ///
     /// As [`SpillBuffer::record`], naming the key: [`Error::Io`] if the
-    /// record cannot be read, [`Error::Corrupt`] if its header is damaged,
-    /// [`Error::Encode`] if a value in memory fails to encode (then
+    /// record cannot be read (some bytes may have been written),
+    /// [`Error::Corrupt`] if its header is damaged or its file ends too
+    /// soon, [`Error::Encode`] if a value in memory fails to encode (then
     /// nothing was written); [`Error::Io`] if `writer` fails (some bytes
     /// may have been written) or no stream thread could be started. On
     /// error the writer is dropped.
@@ -264,15 +271,8 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
                 let named = format!("{key:?}");
                 Ok(self.on_stream_thread(named, move |inner| {
                     let mut writer = writer;
-                    match inner.record_of(&key)? {
-                        Some(rec) => rec
-                            .write_to(&mut writer)
-                            .map(|()| (writer, Some(rec.len() as u64)))
-                            .map_err(|e| {
-                                Error::io("send record", transfer_path(), naming(&key, e))
-                            }),
-                        None => Ok((writer, None)),
-                    }
+                    let sent = inner.send_to(&key, &mut writer)?;
+                    Ok((writer, sent))
                 }))
             }
         };
@@ -281,6 +281,30 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
                 Err(writer) => Ok((writer, None)),
                 Ok(sent) => sent.await,
             }
+        }
+    }
+
+    /// [`SpillBuffer::send_record`] for blocking callers: `key`'s record
+    /// is written to `writer` on this thread, a piece at a time for a
+    /// record on disk, with the same promises (the value the key held when
+    /// the send began, whole; nothing decoded). Returns the bytes written,
+    /// or `None`, with nothing written, if the key is absent.
+    ///
+    /// # Errors
+    ///
+    /// As [`SpillBuffer::send_record`].
+    pub fn write_record_to<Q, W: Write + ?Sized>(
+        &self,
+        key: &Q,
+        writer: &mut W,
+    ) -> Result<Option<u64>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        match self.inner().key_of(key) {
+            Some(key) => self.inner().send_to(&key, writer),
+            None => Ok(None),
         }
     }
 
@@ -316,11 +340,6 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
             }
         }
     }
-}
-
-/// A stream's own failure, its message naming the key it was moving.
-fn naming<K: Key>(key: &K, e: std::io::Error) -> std::io::Error {
-    std::io::Error::new(e.kind(), format!("transfer of key {key:?}: {e}"))
 }
 
 /// No stream thread could be started for the transfer of `key`.
@@ -429,6 +448,46 @@ impl<K: Key, V: Spill> Inner<K, V> {
             Metrics::add(&self.metrics.records_sent, 1);
             Metrics::add(&self.metrics.records_sent_bytes, rec.len() as u64);
             return Ok(Some(rec));
+        }
+    }
+
+    /// Write `key`'s record to `w`, behind its frame header; returns the
+    /// bytes written, or `None` if the key is absent. A record on disk is
+    /// sent as stored a piece at a time, its segment held
+    /// ([`Store::hold`](crate::store::Store::hold)) so that its bytes stay
+    /// the ones the key had when the send began, even if the key is
+    /// removed, replaced or its record moved meanwhile. A value only in
+    /// memory is encoded whole first ([`Inner::record_of`]).
+    fn send_to<W: Write + ?Sized>(&self, key: &K, w: &mut W) -> Result<Option<u64>> {
+        loop {
+            let (version, loc, weight) = match self.source(key) {
+                Source::Missing => return Ok(None),
+                Source::Memory => {
+                    let Some(rec) = self.record_of(key)? else {
+                        return Ok(None);
+                    };
+                    rec.write_to(w)
+                        .map_err(|e| Error::io("send record", transfer_path(), naming(key, e)))?;
+                    return Ok(Some(rec.len() as u64));
+                }
+                Source::Disk {
+                    version,
+                    loc,
+                    weight,
+                } => (version, loc, weight),
+            };
+            // Held first, then found still the key's: from then on its
+            // bytes stay as they are. A record gone meanwhile: look again.
+            let Some(held) = self.store.hold(loc) else {
+                continue;
+            };
+            if !self.owns(key, version, loc) {
+                continue;
+            }
+            let len = held.send(key, weight as u64, w)?;
+            Metrics::add(&self.metrics.records_sent, 1);
+            Metrics::add(&self.metrics.records_sent_bytes, len);
+            return Ok(Some(len));
         }
     }
 

@@ -64,7 +64,8 @@ pub(crate) enum Relocated {
 pub(crate) struct Compacted {
     /// Records moved to copies.
     pub moved: u64,
-    /// Some record had a read in flight: compact the segment again later.
+    /// Some record had a read in flight, or a transfer held the segment
+    /// while it wanted packing or punching: compact it again later.
     pub retry: bool,
 }
 
@@ -179,7 +180,9 @@ impl<K: Clone + Debug> Store<K> {
             moved: 0,
             retry: false,
         };
-        self.punch(seg);
+        if self.punch(seg).is_none() {
+            out.retry = true;
+        }
         let sparse = {
             let g = self.inner.lock();
             g.segs.get(&seg).is_some_and(|s| self.is_sparse(s))
@@ -191,7 +194,9 @@ impl<K: Clone + Debug> Store<K> {
             // No room to copy into: pack the records towards the start of
             // their own file, then give back what is left behind them.
             self.slide(seg, &relocate, &mut out);
-            self.punch(seg);
+            if self.punch(seg).is_none() {
+                out.retry = true;
+            }
         }
         let mut g = self.inner.lock();
         if let Some(s) = g.segs.get_mut(&seg) {
@@ -258,6 +263,11 @@ impl<K: Clone + Debug> Store<K> {
         };
         let mut cursor = 0u64;
         for (old, key) in self.live_records(seg) {
+            if self.inner.lock().segs.get(&seg).is_some_and(|s| s.held > 0) {
+                // A transfer is sending one of its records: pack it later.
+                out.retry = true;
+                return;
+            }
             let len = old.len();
             // Skip holes: filling one would need space.
             while let Some(&(_, b)) = holes.iter().find(|&&(a, b)| a < cursor + len && cursor < b) {
@@ -275,6 +285,13 @@ impl<K: Clone + Debug> Store<K> {
                 Ok(true) => cursor += len,
                 // Left where it was: go on behind it.
                 Ok(false) => cursor = old.offset + len,
+                Err(Error::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::ResourceBusy =>
+                {
+                    // Held since the check above (`write_within`).
+                    out.retry = true;
+                    return;
+                }
                 Err(e) => {
                     tracing::warn!(segment = seg, error = %e, "compaction in place stopped");
                     return;
@@ -331,7 +348,8 @@ impl<K: Clone + Debug> Store<K> {
     }
 
     /// Step 1: punch the dead ranges of `seg` out of its file, if the disk
-    /// is full. Returns the bytes given back.
+    /// is full. Returns the bytes given back, or `None` if the segment was
+    /// passed over because a transfer holds it.
     ///
     /// Only then: with space to spare, copying the live records out and
     /// deleting the file frees as much or more (no block half-used by a
@@ -339,9 +357,9 @@ impl<K: Clone + Debug> Store<K> {
     /// segment with nine records in ten dead: 4 KiB records, 1,626 punches
     /// took 172 ms against 23 ms to copy the rest and unlink; 64 KiB, 31
     /// against 20 ms; 1 MiB, 17 against 19 ms (docs/BENCHMARKS.md).
-    fn punch(&self, seg: u32) -> u64 {
+    fn punch(&self, seg: u32) -> Option<u64> {
         if !self.punch_ok.load(Relaxed) || !self.disk_full.load(Relaxed) {
-            return 0;
+            return Some(0);
         }
         // A snapshot under the lock; the ranges it finds dead stay dead (a
         // segment only grows at its end, and no write is in flight below
@@ -349,10 +367,14 @@ impl<K: Clone + Debug> Store<K> {
         let (file, mut live, end, old_holes, punched) = {
             let g = self.inner.lock();
             let Some(s) = g.segs.get(&seg) else {
-                return 0;
+                return Some(0);
             };
+            if s.held > 0 {
+                // Its dead ranges may hold a record a transfer is sending.
+                return None;
+            }
             if s.writes > 0 {
-                return 0;
+                return Some(0);
             }
             let live: Vec<(u64, u64)> = s.records.iter().map(|(&o, &(l, _))| (o, l)).collect();
             (
@@ -368,7 +390,7 @@ impl<K: Clone + Debug> Store<K> {
         let holes = dead_blocks(&live, end);
         let total: u64 = holes.iter().map(|(a, b)| b - a).sum();
         if total <= punched {
-            return 0;
+            return Some(0);
         }
         let mut done: Vec<(u64, u64)> = Vec::with_capacity(holes.len());
         for &h in &holes {
@@ -399,7 +421,7 @@ impl<K: Clone + Debug> Store<K> {
         let mut g = self.inner.lock();
         let Some(s) = g.segs.get_mut(&seg) else {
             // Deleted meanwhile: its space is counted as freed already.
-            return 0;
+            return Some(0);
         };
         let freed = now.saturating_sub(s.punched);
         s.punched = now;
@@ -409,7 +431,7 @@ impl<K: Clone + Debug> Store<K> {
         if freed > 0 {
             self.space_freed(&mut g, freed);
         }
-        freed
+        Some(freed)
     }
 }
 

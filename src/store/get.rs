@@ -90,7 +90,7 @@ pub(crate) fn check_split(head: &[u8], body: &[u8]) -> std::result::Result<(Code
 /// ([`Store::read`]).
 pub(crate) const WHOLE_READ_PIECE: usize = 512 << 10;
 
-fn corrupt<K: Debug>(key: &K, path: &Path, detail: String) -> Error {
+pub(super) fn corrupt<K: Debug>(key: &K, path: &Path, detail: String) -> Error {
     Error::Corrupt {
         key: format!("{key:?}"),
         path: path.to_path_buf(),
@@ -102,7 +102,13 @@ fn corrupt<K: Debug>(key: &K, path: &Path, detail: String) -> Error {
 /// that ends too soon was shortened underneath the buffer (the store never
 /// shrinks a segment), so the record is gone: `Error::Corrupt`. Any other
 /// error is the disk's: `Error::Io`, worth retrying.
-fn read_failed<K: Debug>(key: &K, path: &Path, at: u64, len: usize, e: std::io::Error) -> Error {
+pub(super) fn read_failed<K: Debug>(
+    key: &K,
+    path: &Path,
+    at: u64,
+    len: usize,
+    e: std::io::Error,
+) -> Error {
     if e.kind() == std::io::ErrorKind::UnexpectedEof {
         return corrupt(
             key,

@@ -110,6 +110,11 @@ struct Segment<K> {
     /// No further records will be appended.
     sealed: bool,
     compacting: bool,
+    /// Transfers sending records of this segment piece by piece
+    /// ([`transfer::Hold`]): while any is, no byte of the file is written
+    /// over or punched out (compaction in place waits), so a record they
+    /// found live stays as it was even if it dies meanwhile.
+    held: u32,
     /// Waiting in `Segments::deferred`.
     deferred: bool,
 }
@@ -414,6 +419,17 @@ impl<K: Clone + Debug> Store<K> {
                 ));
             };
             debug_assert!(offset + len <= s.end);
+            if s.held > 0 {
+                // Dead bytes here may be a record a transfer is sending.
+                return Err(Error::io(
+                    "compact segment in place",
+                    s.path.clone(),
+                    std::io::Error::new(
+                        std::io::ErrorKind::ResourceBusy,
+                        "a transfer is reading the segment",
+                    ),
+                ));
+            }
             // Counted as a write in flight, so the segment is not deleted
             // under it.
             s.writes += 1;
@@ -575,6 +591,7 @@ impl<K: Clone + Debug> Store<K> {
                 writes: 0,
                 sealed: own_file,
                 compacting: false,
+                held: 0,
                 deferred: false,
             };
             let mut dead = None;

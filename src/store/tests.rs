@@ -163,9 +163,18 @@ fn a_full_disk_is_compacted_in_place_and_records_survive() {
     full_disk_compaction(|k| if k % 3 == 0 { 5000 } else { 300 });
 }
 
-fn full_disk_compaction(len_of: fn(u32) -> usize) {
+/// A store of 64 KiB segments on a 256 KiB disk, filled with records of
+/// `len_of(key)` bytes (each byte the key's) until the disk refused one:
+/// the store, its faults, the records' locations and the bytes used.
+fn a_full_disk(
+    len_of: fn(u32) -> usize,
+) -> (
+    tempfile::TempDir,
+    Store<u32>,
+    Arc<crate::store::faulty::Faults>,
+    std::collections::HashMap<u32, DiskLoc>,
+) {
     use crate::store::faulty::FaultyStorage;
-    use std::cell::RefCell;
     let tmp = tempfile::tempdir().unwrap();
     let storage = FaultyStorage::new();
     let faults = storage.faults();
@@ -180,7 +189,6 @@ fn full_disk_compaction(len_of: fn(u32) -> usize) {
         },
     );
     faults.set_capacity(256 << 10);
-    // Records of 300 and 5000 bytes, until the disk refuses.
     let mut locs = std::collections::HashMap::new();
     for k in 0u32.. {
         match s.write(&k, &rec(&vec![k as u8; len_of(k)])) {
@@ -191,8 +199,11 @@ fn full_disk_compaction(len_of: fn(u32) -> usize) {
             Err(e) => panic!("{e}"),
         }
     }
-    let used = faults.used_bytes();
-    // Nine in ten die, spread over every segment.
+    (tmp, s, faults, locs)
+}
+
+/// Release nine records in ten of `locs`, spread over every segment.
+fn release_nine_in_ten(s: &Store<u32>, locs: &mut std::collections::HashMap<u32, DiskLoc>) {
     for k in locs
         .keys()
         .copied()
@@ -204,17 +215,50 @@ fn full_disk_compaction(len_of: fn(u32) -> usize) {
             s.delete(d);
         }
     }
-    let locs = RefCell::new(locs);
-    for _ in 0..3 {
+}
+
+/// Run the queued compactions, `rounds` times, moving `locs` along.
+/// Returns whether any asked to run again.
+fn compact_rounds(
+    s: &Store<u32>,
+    locs: &std::cell::RefCell<std::collections::HashMap<u32, DiskLoc>>,
+    rounds: usize,
+) -> bool {
+    let mut retry = false;
+    for _ in 0..rounds {
         for seg in s.take_compaction_requests() {
-            s.compact(seg, |k, old, new| {
+            let out = s.compact(seg, |k, old, new| {
                 let mut m = locs.borrow_mut();
                 assert_eq!(m.get(k), Some(&old));
                 m.insert(*k, new);
                 compact::Relocated::Moved
             });
+            retry |= out.retry;
         }
     }
+    retry
+}
+
+fn full_disk_compaction(len_of: fn(u32) -> usize) {
+    let (_tmp, s, faults, mut locs) = a_full_disk(len_of);
+    let used = faults.used_bytes();
+    release_nine_in_ten(&s, &mut locs);
+    let locs = std::cell::RefCell::new(locs);
+    compact_rounds(&s, &locs, 3);
+    space_back_and_records_intact(&s, &faults, used, &locs.borrow(), len_of);
+    // Room again: a new record fits.
+    s.write(&1_000_000, &rec(&[7u8; 5000])).unwrap();
+}
+
+/// The store is valid, uses under a third of the `used` bytes, and every
+/// record of `locs` reads back as written.
+fn space_back_and_records_intact(
+    s: &Store<u32>,
+    faults: &crate::store::faulty::Faults,
+    used: u64,
+    locs: &std::collections::HashMap<u32, DiskLoc>,
+    len_of: fn(u32) -> usize,
+) {
     s.validate().unwrap();
     assert!(
         faults.used_bytes() < used / 3,
@@ -222,11 +266,47 @@ fn full_disk_compaction(len_of: fn(u32) -> usize) {
         faults.used_bytes()
     );
     let mut buf = Vec::new();
-    for (k, l) in locs.borrow().iter() {
+    for (k, l) in locs {
         s.read(k, *l, &mut buf).unwrap();
         let want = vec![*k as u8; len_of(*k)];
         assert_eq!(record::open(&buf).unwrap().payload, want, "{k}");
     }
-    // Room again: a new record fits.
-    s.write(&1_000_000, &rec(&[7u8; 5000])).unwrap();
+}
+
+/// While a transfer holds a segment ([`Store::hold`]), compaction on a
+/// full disk neither punches it nor packs it in place: a record that died
+/// under the hold still sends whole and unchanged, and compaction asks to
+/// run again. Once the holds go, it gives the space back.
+#[test]
+fn a_held_segment_keeps_its_dead_records_until_the_hold_goes() {
+    let len_of = |k: u32| if k % 3 == 0 { 5000 } else { 300 };
+    let (_tmp, s, faults, mut locs) = a_full_disk(len_of);
+    let used = faults.used_bytes();
+    // In every segment, one record that is about to die, held.
+    let mut doomed = std::collections::HashMap::new();
+    for (&k, &l) in &locs {
+        if k % 10 != 0 {
+            doomed.entry(l.seg).or_insert((k, l));
+        }
+    }
+    let holds: Vec<_> = doomed
+        .values()
+        .map(|&(k, l)| (k, l, s.hold(l).expect("segment present")))
+        .collect();
+    release_nine_in_ten(&s, &mut locs);
+    let locs = std::cell::RefCell::new(locs);
+    assert!(compact_rounds(&s, &locs, 3), "compaction asks to run again");
+    s.validate().unwrap();
+    for (k, l, hold) in &holds {
+        let mut wire = Vec::new();
+        let n = hold.send(k, 1, &mut wire).unwrap();
+        assert_eq!(n, wire.len() as u64);
+        let body = &wire[crate::record::FRAME..];
+        assert_eq!(body.len() as u64, l.len());
+        let want = vec![*k as u8; len_of(*k)];
+        assert_eq!(record::open(body).unwrap().payload, want, "{k}");
+    }
+    drop(holds);
+    compact_rounds(&s, &locs, 3);
+    space_back_and_records_intact(&s, &faults, used, &locs.borrow(), len_of);
 }

@@ -7,18 +7,20 @@
 //! (`buffer::transfer`).
 
 use super::codec::{self, Codec, Compression};
+use super::get::{corrupt, read_failed};
 use super::put::IN_PLACE_MIN;
 use super::record;
 use super::scratch::{fit, with_scratch};
 use super::spare;
+use super::storage::SegmentFile;
 use super::{DiskLoc, Store};
 use crate::error::{Error, Result};
-use crate::record::{parse_frame, split_head, Record, FRAME};
+use crate::record::{parse_frame, seal_frame, split_head, Record, FRAME};
 use crate::value::Spill;
 use std::fmt::Debug;
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// What [`Store::encode_for_transfer`] made of a value in memory.
@@ -36,6 +38,85 @@ pub(crate) struct Received<'a> {
     pub weight: usize,
     head: [u8; record::HEADER],
     payload: [&'a [u8]; 2],
+}
+
+/// A record's segment kept from being written over or punched
+/// ([`Store::hold`]) while the record is sent.
+pub(crate) struct Hold<'a, K> {
+    store: &'a Store<K>,
+    loc: DiskLoc,
+    /// Open even if the segment dies meanwhile and its file is deleted.
+    file: Arc<dyn SegmentFile>,
+    path: PathBuf,
+}
+
+impl<K: Clone + Debug> Hold<'_, K> {
+    /// Write a frame header (the record's length and `weight`) and then
+    /// the held record, as stored, to `w`, a [`SEND_PIECE`] at a time: each
+    /// piece read into this thread's scratch buffer and written on while
+    /// it is still in the cache, as a plain file-to-socket copy does. The
+    /// record header is read and checked before the first byte is written.
+    /// The caller must have found the record live after taking the hold.
+    /// Returns the bytes written.
+    pub(crate) fn send<W: Write + ?Sized>(&self, key: &K, weight: u64, w: &mut W) -> Result<u64> {
+        let (loc, path) = (self.loc, &self.path);
+        let len = loc.len();
+        let sent = |e: io::Error| Error::io("send record", transfer_path(), naming(key, e));
+        with_scratch(|s| {
+            let piece = &mut s.a;
+            fit(
+                piece,
+                SEND_PIECE.min(usize::try_from(len).unwrap_or(SEND_PIECE)),
+            );
+            let mut at = 0u64;
+            while at < len {
+                let n = piece.len().min((len - at) as usize);
+                self.file
+                    .read_exact_at(&mut piece[..n], loc.offset + at)
+                    .map_err(|e| read_failed(key, path, loc.offset + at, n, e))?;
+                if at == 0 {
+                    check_stored_header(key, path, &piece[..n], loc)?;
+                    let mut frame = [0u8; FRAME];
+                    seal_frame(&mut frame, len, weight);
+                    w.write_all(&frame).map_err(sent)?;
+                }
+                w.write_all(&piece[..n]).map_err(sent)?;
+                at += n as u64;
+            }
+            Ok(FRAME as u64 + len)
+        })
+    }
+}
+
+impl<K> Drop for Hold<'_, K> {
+    fn drop(&mut self) {
+        if let Some(s) = self.store.inner.lock().segs.get_mut(&self.loc.seg) {
+            s.held -= 1;
+        }
+    }
+}
+
+/// Check the header at the start of `bytes`, the first bytes of `key`'s
+/// stored record at `loc` (in the file at `path`): a record header whose
+/// payload length agrees with the index.
+fn check_stored_header<K: Debug>(key: &K, path: &Path, bytes: &[u8], loc: DiskLoc) -> Result<()> {
+    let (_, stored, _) = record::parse_header(bytes).map_err(|d| corrupt(key, path, d))?;
+    if stored.checked_add(record::HEADER as u64) != Some(loc.len()) {
+        return Err(corrupt(
+            key,
+            path,
+            format!(
+                "header says {stored} payload bytes, the index {}",
+                loc.len() - record::HEADER as u64
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A stream's own failure, its message naming the key it was moving.
+pub(crate) fn naming<K: Debug>(key: &K, e: io::Error) -> io::Error {
+    io::Error::new(e.kind(), format!("transfer of key {key:?}: {e}"))
 }
 
 /// What [`Store::write_streamed`] made of a record read from a stream.
@@ -112,19 +193,26 @@ impl<K: Clone + Debug> Store<K> {
     pub(crate) fn read_record(&self, key: &K, loc: DiskLoc) -> Result<Vec<u8>> {
         let mut buf = spare::take(usize::try_from(loc.len()).unwrap_or(0));
         let path = self.read(key, loc, &mut buf)?;
-        let corrupt = |detail: String| Error::Corrupt {
-            key: format!("{key:?}"),
-            path: path.clone(),
-            detail,
-        };
-        let (_, stored, _) = record::parse_header(&buf).map_err(corrupt)?;
-        if stored.checked_add(record::HEADER as u64) != Some(loc.len()) {
-            return Err(corrupt(format!(
-                "header says {stored} payload bytes, the index {}",
-                loc.len() - record::HEADER as u64
-            )));
-        }
+        check_stored_header(key, &path, &buf, loc)?;
         Ok(buf)
+    }
+
+    /// Keep the bytes of the segment holding `loc` as they are until the
+    /// hold is dropped: nothing is written over them or punched out, even
+    /// where records die meanwhile. `None` if the segment is gone. A
+    /// record its caller then finds still live stays readable, whole and
+    /// unchanged, for as long as the hold lasts: what a transfer needs to
+    /// send it piece by piece ([`Hold::send`]).
+    pub(crate) fn hold(&self, loc: DiskLoc) -> Option<Hold<'_, K>> {
+        let mut g = self.inner.lock();
+        let s = g.segs.get_mut(&loc.seg)?;
+        s.held += 1;
+        Some(Hold {
+            store: self,
+            loc,
+            file: Arc::clone(&s.file),
+            path: s.path.clone(),
+        })
     }
 
     /// Encode `value` into the record a spill would write for it (lz4 when
@@ -285,6 +373,14 @@ const BACKWARD_PIECE: usize = super::get::WHOLE_READ_PIECE;
 /// that the system calls do not add up (256 KiB pieces cost the receiving
 /// thread a quarter more time than 1 MiB ones, measured over loopback).
 const STREAM_PIECE: usize = 1 << 20;
+
+/// A record sent to a writer ([`Hold::send`]) is read and written on in
+/// pieces of this size. Smaller than the receiver's: the sender's piece
+/// is copied twice by the same core (file to scratch, scratch to socket)
+/// and should stay in its L2 (1 MiB per core here) between the two.
+/// Measured over loopback against a raw copy: 256 KiB pieces 0.93–0.95 of
+/// its speed, 512 KiB 0.87–0.97, 1 MiB 0.80–0.81, 64 KiB 0.87–0.92.
+const SEND_PIECE: usize = 256 << 10;
 
 /// `raw` as a sealed lz4 record in a buffer of its own, if compressing
 /// pays (the rule spills follow, `codec::compress_into`).

@@ -166,7 +166,10 @@ pub enum Op {
     },
     /// `record(from)` (or `record_blocking`), then
     /// `insert_record(to, record)` (or its blocking form) into the same
-    /// buffer: `to` must then read back as `from`'s value. Not drawn by
+    /// buffer: `to` must then read back as `from`'s value. `streamed`: the
+    /// record goes through a byte stream instead, `send_record` and
+    /// `receive_record` (blocking: `write_record_to` and
+    /// `insert_record_from`). Not drawn by
     /// [`ops_from_bytes`] (whose opcodes keep the committed corpora's
     /// meaning); the property tests draw it.
     Transfer {
@@ -176,6 +179,8 @@ pub enum Op {
         to: u8,
         /// Use the blocking calls.
         blocking: bool,
+        /// Through a byte stream rather than a [`crate::Record`].
+        streamed: bool,
     },
 }
 

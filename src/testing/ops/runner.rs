@@ -8,6 +8,13 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
+/// A record taken for [`Op::Transfer`]: whole, or the bytes a stream
+/// carried.
+enum Sent {
+    Record(crate::Record),
+    Bytes(Vec<u8>),
+}
+
 /// A pin the runner holds: its key, the guard, and the value it must show.
 type HeldPin = (u8, Pinned<Value>, Arc<Value>);
 
@@ -158,31 +165,42 @@ impl Runner {
         }
     }
 
-    /// [`Op::Transfer`]: `from`'s record inserted as `to`'s. Reading the
-    /// record may fail only as a read may (a read fault armed) or, for a
-    /// value that cannot be encoded, with `Encode`; inserting it only with
-    /// a write failure where writes can fail, or with `Corrupt` under an
-    /// armed read fault (a bit flipped in the bytes read). On any failure
-    /// `to` keeps what it had.
-    fn transfer(&mut self, op: &Op, from: u8, to: u8, blocking: bool) {
-        let got = if blocking {
-            self.buf.record_blocking(&from)
-        } else {
-            block_on(self.buf.record(&from), HANG)
+    /// [`Op::Transfer`]: `from`'s record inserted as `to`'s, as a
+    /// [`crate::Record`] or through a byte stream (`streamed`). Reading
+    /// the record may fail only as a read may (a read fault armed) or, for
+    /// a value that cannot be encoded, with `Encode`; inserting it only
+    /// with a write failure where writes can fail, or with `Corrupt` under
+    /// an armed read fault (a bit flipped in the bytes read). On any
+    /// failure `to` keeps what it had.
+    fn transfer(&mut self, op: &Op, from: u8, to: u8, blocking: bool, streamed: bool) {
+        let got = match (streamed, blocking) {
+            (false, true) => self.buf.record_blocking(&from).map(|r| r.map(Sent::Record)),
+            (false, false) => block_on(self.buf.record(&from), HANG).map(|r| r.map(Sent::Record)),
+            (true, true) => {
+                let mut wire = Vec::new();
+                let sent = self.buf.write_record_to(&from, &mut wire);
+                sent.map(|n| n.map(|_| Sent::Bytes(wire)))
+            }
+            (true, false) => block_on(self.buf.send_record(&from, Vec::new()), HANG)
+                .map(|(wire, n)| n.map(|_| Sent::Bytes(wire))),
         };
         let want = self.model.get(&from).cloned();
-        let rec = match (got, want.clone()) {
-            (Ok(Some(rec)), Some(_)) => rec,
+        let sent = match (got, want.clone()) {
+            (Ok(Some(sent)), Some(_)) => sent,
             (Ok(None), None) => return,
             (Ok(Some(_)), None) => self.fail(op, format!("key {from}: record of a removed key")),
             (Ok(None), Some(_)) => self.fail(op, format!("key {from}: lost")),
             (Err(Error::Encode { .. }), Some(w)) if w.fails_encode => return,
             (Err(e), want) => return self.read_failed(op, from, e, want.is_some()),
         };
-        let res = if blocking {
-            self.buf.insert_record_blocking(to, rec)
-        } else {
-            block_on(self.buf.insert_record(to, rec), HANG)
+        let res = match (sent, blocking) {
+            (Sent::Record(rec), true) => self.buf.insert_record_blocking(to, rec),
+            (Sent::Record(rec), false) => block_on(self.buf.insert_record(to, rec), HANG),
+            (Sent::Bytes(wire), true) => self.buf.insert_record_from(to, &mut wire.as_slice()),
+            (Sent::Bytes(wire), false) => {
+                let reader = std::io::Cursor::new(wire);
+                block_on(self.buf.receive_record(to, reader), HANG).map(drop)
+            }
         };
         match res {
             Ok(()) => {
@@ -296,7 +314,12 @@ impl Runner {
                     );
                 }
             }
-            Op::Transfer { from, to, blocking } => self.transfer(op, from, to, blocking),
+            Op::Transfer {
+                from,
+                to,
+                blocking,
+                streamed,
+            } => self.transfer(op, from, to, blocking, streamed),
             Op::SetCapacity {
                 blocks,
                 refuse_punch,
