@@ -10,12 +10,14 @@
 //! cargo run --release --example transfer -- --measure    # against a raw copy
 //!     [--values N] [--size BYTES] [--rounds R] [--window W] [--dir DIR]
 //!     [--data random|counter] [--compression lz4|none] [--blocking | --whole]
+//!     [--raw-buffer BYTES]
 //! ```
 //!
 //! `--measure` times, in alternating rounds, the transfer of every value
 //! and a raw copy of the same bytes: the sender's segment files read with
 //! `read()` into one reused buffer and written to a socket, the receiver
-//! reading the socket into one reused buffer and writing a file. Both run
+//! reading the socket into one reused buffer and writing a file (buffers
+//! of `--raw-buffer` bytes, 1 MiB by default). Both run
 //! over loopback in the same process and directory; it prints the medians,
 //! their ratio and one JSON line.
 //!
@@ -54,11 +56,14 @@ struct Opts {
     /// Use the async calls on whole records (`record`, `insert_record`)
     /// with a window in flight, instead of handing the sockets over.
     whole: bool,
+    /// The raw copy's buffer, on each side.
+    raw_buffer: usize,
 }
 
 const USAGE: &str =
     "usage: transfer [--measure] [--blocking | --whole] [--values N] [--size BYTES] \
-[--rounds R] [--window W] [--dir DIR] [--data random|counter] [--compression lz4|none]";
+[--rounds R] [--window W] [--dir DIR] [--data random|counter] [--compression lz4|none] \
+[--raw-buffer BYTES]";
 
 fn opts() -> Opts {
     let mut o = Opts {
@@ -72,6 +77,7 @@ fn opts() -> Opts {
         lz4: true,
         blocking: false,
         whole: false,
+        raw_buffer: 1 << 20,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -85,6 +91,7 @@ fn opts() -> Opts {
             "--rounds" => o.rounds = val().parse().expect("--rounds R"),
             "--window" => o.window = val().parse().expect("--window W"),
             "--dir" => o.dir = val().into(),
+            "--raw-buffer" => o.raw_buffer = val().parse().expect("--raw-buffer BYTES"),
             "--data" => o.counter = val() == "counter",
             "--compression" => o.lz4 = val() != "none",
             "--help" | "-h" => {
@@ -249,8 +256,9 @@ fn transfer(rt: &tokio::runtime::Runtime, a: &Buf, b: &Buf, o: &Opts) -> (u64, f
 
 /// The raw limit: the sender's segment files copied to a socket with
 /// `read()` and `write()` through one reused buffer, and written to a file
-/// on the other side the same way. Returns (bytes, seconds).
-fn raw_copy(files: &[PathBuf], out: &Path) -> (u64, f64) {
+/// on the other side the same way, buffers of `buffer` bytes. Returns
+/// (bytes, seconds).
+fn raw_copy(files: &[PathBuf], out: &Path, buffer: usize) -> (u64, f64) {
     let listener = TcpListener::bind("127.0.0.1:0").expect("listen");
     let addr = listener.local_addr().expect("address");
     let start = Instant::now();
@@ -258,7 +266,7 @@ fn raw_copy(files: &[PathBuf], out: &Path) -> (u64, f64) {
         let rx = s.spawn(|| {
             let (mut sock, _) = listener.accept().expect("accept");
             let mut file = File::create(out).expect("create copy");
-            let mut buf = vec![0u8; 1 << 20];
+            let mut buf = vec![0u8; buffer];
             loop {
                 let n = sock.read(&mut buf).expect("read socket");
                 if n == 0 {
@@ -268,7 +276,7 @@ fn raw_copy(files: &[PathBuf], out: &Path) -> (u64, f64) {
             }
         });
         let mut sock = TcpStream::connect(addr).expect("connect");
-        let mut buf = vec![0u8; 1 << 20];
+        let mut buf = vec![0u8; buffer];
         let mut bytes = 0u64;
         for path in files {
             let mut f = File::open(path).expect("open segment");
@@ -373,7 +381,7 @@ fn main() {
                 bytes_ours = bytes;
                 bytes as f64 / secs / 1e9
             } else {
-                let (bytes, secs) = raw_copy(&files, &copy);
+                let (bytes, secs) = raw_copy(&files, &copy, o.raw_buffer);
                 std::fs::remove_file(&copy).expect("remove copy");
                 bytes_raw = bytes;
                 bytes as f64 / secs / 1e9
@@ -400,7 +408,7 @@ fn main() {
     );
     println!(
         "{{\"workload\":\"transfer\",\"mode\":\"{}\",\"values\":{},\"size\":{},\"window\":{},\"data\":\"{}\",\
-         \"rounds\":{},\"transfer_gbps\":{t:.3},\"raw_gbps\":{r:.3},\"ratio\":{q:.3},\
+         \"rounds\":{},\"raw_buffer\":{},\"transfer_gbps\":{t:.3},\"raw_gbps\":{r:.3},\"ratio\":{q:.3},\
          \"bytes_transfer\":{bytes_ours},\"bytes_raw\":{bytes_raw},\"records_sent\":{},\
          \"sender_unspills\":{},\"loadavg\":\"{}\"}}",
         if o.blocking {
@@ -415,6 +423,7 @@ fn main() {
         o.window,
         if o.counter { "counter" } else { "random" },
         o.rounds,
+        o.raw_buffer,
         sa.records_sent_total,
         sa.unspill_count_total,
         load.trim()

@@ -43,12 +43,23 @@ fn set_len(path: &Path, len: u64) {
 /// `get(key)` must fail as `Corrupt`, naming the key and a segment file.
 fn assert_corrupt(b: &Buf, key: u64) {
     match b.get(&key) {
-        Err(Error::Corrupt {
+        Err(e) => assert_names_key_and_segment(&e, key),
+        Ok(v) => panic!(
+            "key {key}: read {:?} bytes from a damaged file",
+            v.map(|v| v.len())
+        ),
+    }
+}
+
+/// `e` is `Corrupt`, naming `key` and a segment file.
+fn assert_names_key_and_segment(e: &Error, key: u64) {
+    match e {
+        Error::Corrupt {
             key: k,
             path,
             detail,
-        }) => {
-            assert_eq!(k, key.to_string());
+        } => {
+            assert_eq!(k, &key.to_string());
             assert!(
                 path.file_name()
                     .unwrap()
@@ -58,11 +69,7 @@ fn assert_corrupt(b: &Buf, key: u64) {
             );
             assert!(!detail.is_empty());
         }
-        Err(e) => panic!("key {key}: expected Corrupt, got {e:?}"),
-        Ok(v) => panic!(
-            "key {key}: read {:?} bytes from a damaged file",
-            v.map(|v| v.len())
-        ),
+        e => panic!("key {key}: expected Corrupt, got {e:?}"),
     }
 }
 
@@ -169,5 +176,39 @@ async fn a_truncated_segment_fails_pins_as_corrupt_too() {
             Err(Error::Corrupt { key, .. }) => assert_eq!(key, k.to_string()),
             other => panic!("key {k}: {:?}", other.map(|p| p.map(|v| v.len()))),
         }
+    }
+}
+
+/// Sending a damaged record fails as reading it does: `Corrupt`, naming
+/// the key and the file. A damaged header is found before the first byte
+/// is written; a large record whose file was cut short, when its last
+/// piece is read.
+#[test]
+fn a_damaged_record_fails_its_send_as_corrupt() {
+    for size in SIZES {
+        let tmp = tempfile::tempdir().unwrap();
+        let b = spilled(tmp.path(), size);
+        for seg in segments(&b) {
+            let len = std::fs::metadata(&seg).unwrap().len();
+            std::fs::write(&seg, vec![0x5a; len as usize]).unwrap();
+        }
+        for k in 0..8u64 {
+            let mut wire = Vec::new();
+            let e = b.write_record_to(&k, &mut wire).unwrap_err();
+            assert_names_key_and_segment(&e, k);
+            assert!(wire.is_empty(), "key {k}: {} bytes written", wire.len());
+        }
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let b = spilled(tmp.path(), 2 << 20);
+    for seg in segments(&b) {
+        let len = std::fs::metadata(&seg).unwrap().len();
+        set_len(&seg, len - 100);
+    }
+    for k in 0..8u64 {
+        let mut wire = Vec::new();
+        let e = b.write_record_to(&k, &mut wire).unwrap_err();
+        assert_names_key_and_segment(&e, k);
+        assert!(!wire.is_empty(), "key {k}: the record's start went out");
     }
 }

@@ -728,8 +728,17 @@ async fn records_move_through_streams_handed_to_the_buffers() {
         assert_eq!(sa.records_sent_total, 5, "{sa:?}");
         assert_eq!(sa.records_sent_encoded_total, resident, "{sa:?}");
         assert_eq!(sa.unspill_count_total, 0, "nothing read back: {sa:?}");
-        // The same bytes as the whole-record calls make.
+        // The same bytes as the whole-record calls make, and as the
+        // blocking form writes.
         assert_eq!(wire, wire_of(&a));
+        let mut blocking = Vec::new();
+        for (k, _) in values() {
+            let before = blocking.len() as u64;
+            let bytes = a.write_record_to(&k, &mut blocking).unwrap();
+            assert_eq!(bytes, Some(blocking.len() as u64 - before), "key {k}");
+        }
+        assert_eq!(a.write_record_to(&99, &mut blocking).unwrap(), None);
+        assert_eq!(blocking, wire);
         wire.extend_from_slice(b"next");
         let mut peer = Peer::new(wire);
         for (k, _) in values() {

@@ -213,7 +213,7 @@ pub(crate) const SERIES: &[Def] = &[
         "spillbuffer_records_sent_total",
         Kind::Counter,
         Unit::Count,
-        "Records handed out by `record` for a transfer, encoded or as stored.",
+        "Records handed out by `record` or written by `send_record` or `write_record_to` for a transfer, encoded or as stored.",
         Field::Int(|s| s.records_sent_total),
     ),
     def(

@@ -64,8 +64,10 @@ pub struct Stats {
     /// Seconds spent reading records back (IO pool or blocking `get`),
     /// summed over the threads doing it, like `spill_seconds_total`.
     pub unspill_seconds_total: f64,
-    /// Records handed out by [`crate::SpillBuffer::record`], over the
-    /// buffer's life. None of them was decoded: a spilled record is sent
+    /// Records handed out by [`crate::SpillBuffer::record`] or written by
+    /// [`crate::SpillBuffer::send_record`] or
+    /// [`crate::SpillBuffer::write_record_to`], over the buffer's life.
+    /// None of them was decoded: a spilled record is sent
     /// as stored, a value in memory is encoded as a spill would encode it.
     pub records_sent_total: u64,
     /// Of `records_sent_total`, those encoded from a value in memory (the

@@ -369,9 +369,9 @@ const BACKWARD_PIECE: usize = super::get::WHOLE_READ_PIECE;
 
 /// A record streamed from a reader is read, checksummed and written in
 /// pieces of this size: small enough that a piece just copied is still in
-/// the core's cache (2 MiB of L2 here) when it is copied on, large enough
-/// that the system calls do not add up (256 KiB pieces cost the receiving
-/// thread a quarter more time than 1 MiB ones, measured over loopback).
+/// the core's caches when it is copied on, large enough that the system
+/// calls do not add up (256 KiB pieces cost the receiving thread a
+/// quarter more time than 1 MiB ones, measured over loopback).
 const STREAM_PIECE: usize = 1 << 20;
 
 /// A record sent to a writer ([`Hold::send`]) is read and written on in
@@ -379,7 +379,8 @@ const STREAM_PIECE: usize = 1 << 20;
 /// is copied twice by the same core (file to scratch, scratch to socket)
 /// and should stay in its L2 (1 MiB per core here) between the two.
 /// Measured over loopback against a raw copy: 256 KiB pieces 0.93–0.95 of
-/// its speed, 512 KiB 0.87–0.97, 1 MiB 0.80–0.81, 64 KiB 0.87–0.92.
+/// its speed, 512 KiB 0.87–0.97, 1 MiB 0.80–0.81, 64 KiB 0.87–0.92
+/// (docs/bench-results/2026-12-02-transfer-piece-sizes.txt).
 const SEND_PIECE: usize = 256 << 10;
 
 /// `raw` as a sealed lz4 record in a buffer of its own, if compressing
