@@ -73,6 +73,14 @@ fn assert_names_key_and_segment(e: &Error, key: u64) {
     }
 }
 
+/// Overwrite every byte of `b`'s segment files.
+fn overwrite_segments(b: &Buf) {
+    for seg in segments(b) {
+        let len = std::fs::metadata(&seg).unwrap().len();
+        std::fs::write(&seg, vec![0x5a; len as usize]).unwrap();
+    }
+}
+
 /// Small (one shared segment) and large (a file of their own, read in
 /// place) records.
 const SIZES: [usize; 2] = [3000, 2 << 20];
@@ -150,10 +158,7 @@ fn an_overwritten_segment_gives_corrupt() {
     for size in SIZES {
         let tmp = tempfile::tempdir().unwrap();
         let b = spilled(tmp.path(), size);
-        for seg in segments(&b) {
-            let len = std::fs::metadata(&seg).unwrap().len();
-            std::fs::write(&seg, vec![0x5a; len as usize]).unwrap();
-        }
+        overwrite_segments(&b);
         for k in 0..8u64 {
             assert_corrupt(&b, k);
         }
@@ -188,10 +193,7 @@ fn a_damaged_record_fails_its_send_as_corrupt() {
     for size in SIZES {
         let tmp = tempfile::tempdir().unwrap();
         let b = spilled(tmp.path(), size);
-        for seg in segments(&b) {
-            let len = std::fs::metadata(&seg).unwrap().len();
-            std::fs::write(&seg, vec![0x5a; len as usize]).unwrap();
-        }
+        overwrite_segments(&b);
         for k in 0..8u64 {
             let mut wire = Vec::new();
             let e = b.write_record_to(&k, &mut wire).unwrap_err();
