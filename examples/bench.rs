@@ -6,7 +6,7 @@
 //! cargo run --release --example bench -- [--workload all|metadata|hit|get|insert|spill|unspill|unspill-pipelined|policy]
 //!     [--dir DIR] [--small BYTES] [--large BYTES] [--count-small N] [--count-large N]
 //!     [--target BYTES] [--threads 1,2] [--compression lz4|none] [--keys N] [--io-threads N]
-//!     [--hit-ops N] [--hit-keys N] [--repeat R] [--window W]
+//!     [--hit-ops N] [--hit-keys N] [--hit-cells N] [--repeat R] [--window W]
 //! ```
 //!
 //! Every figure is the median of `--repeat` runs; crate and raw runs
@@ -55,6 +55,8 @@ struct Opts {
     io_threads: usize,
     hit_ops: usize,
     hit_keys: usize,
+    /// `Builder::hit_cells`; the crate's default if not given.
+    hit_cells: Option<usize>,
     repeat: usize,
     window: usize,
 }
@@ -63,7 +65,7 @@ fn usage() -> ! {
     eprintln!(
         "usage: bench [--workload all|metadata|hit|get|insert|spill|unspill|unspill-pipelined|policy|policy-sweep] [--dir DIR] \
          [--small BYTES] [--large BYTES] [--count-small N] [--count-large N] [--target BYTES] \
-         [--threads 1,2] [--compression lz4|none] [--keys N] [--io-threads N] [--hit-ops N] [--hit-keys N] [--repeat R] [--window W]"
+         [--threads 1,2] [--compression lz4|none] [--keys N] [--io-threads N] [--hit-ops N] [--hit-keys N] [--hit-cells N] [--repeat R] [--window W]"
     );
     std::process::exit(2)
 }
@@ -83,6 +85,7 @@ fn parse() -> Opts {
         io_threads: 2,
         hit_ops: 2_000_000,
         hit_keys: 10_000,
+        hit_cells: None,
         repeat: 3,
         window: 4,
     };
@@ -110,6 +113,7 @@ fn parse() -> Opts {
             "--io-threads" => o.io_threads = num(val()).max(1),
             "--hit-ops" => o.hit_ops = num(val()),
             "--hit-keys" => o.hit_keys = num(val()).max(1),
+            "--hit-cells" => o.hit_cells = Some(num(val())),
             "--repeat" => o.repeat = num(val()).max(1),
             "--window" => o.window = num(val()).max(1),
             _ => usage(),
@@ -174,12 +178,16 @@ fn sync_disk() {
 type Buf = SpillBuffer<u64, Vec<f64>>;
 
 fn buffer(o: &Opts, target: usize) -> Buf {
-    SpillBuffer::builder(&o.dir)
+    let b = SpillBuffer::builder(&o.dir)
         .memory_target(target)
         .compression(o.compression)
-        .io_threads(o.io_threads)
-        .build()
-        .expect("build buffer")
+        .io_threads(o.io_threads);
+    match o.hit_cells {
+        Some(n) => b.hit_cells(n),
+        None => b,
+    }
+    .build()
+    .expect("build buffer")
 }
 
 struct Line {

@@ -30,6 +30,7 @@ pub(crate) struct Config {
     pub segment_size: u64,
     pub compact_below: f64,
     pub shards: usize,
+    pub hit_cells: usize,
     pub storage: Arc<dyn Storage>,
     pub name: Option<String>,
     pub metrics_interval: Duration,
@@ -48,6 +49,7 @@ impl<K, V> Debug for Builder<K, V> {
             .field("segment_size", &c.segment_size)
             .field("compact_below", &c.compact_below)
             .field("shards", &c.shards)
+            .field("hit_cells", &c.hit_cells)
             .field("name", &c.name)
             .field("metrics_interval", &c.metrics_interval)
             .finish_non_exhaustive()
@@ -66,6 +68,7 @@ impl<K, V> Builder<K, V> {
             segment_size: 64 << 20,
             compact_below: 0.7,
             shards: 16,
+            hit_cells: 16 << 10,
             storage: Arc::new(FsStorage),
             name: None,
             metrics_interval: Duration::from_secs(1),
@@ -149,6 +152,23 @@ impl<K, V> Builder<K, V> {
     /// Defaults to: 16.
     pub fn shards(mut self, n: usize) -> Self {
         self.cfg.shards = n;
+        self
+    }
+
+    /// How many keys at most keep a *hit cell*: what lets a pin of a key
+    /// in memory take no lock and write nothing shared (the hit path of
+    /// [`SpillBuffer::try_pin`](crate::SpillBuffer::try_pin), `pin` and
+    /// `get`). A key gets one when it is unpinned, and keeps it while its
+    /// value stays in memory; beyond this many, the keys not pinned for
+    /// longest give theirs up, and their next pin takes the shard's lock
+    /// (about three times slower) and gives them one again. Each cell
+    /// costs about 166 bytes (itself and its place in the index), so the
+    /// default bounds them at about 2.7 MiB whatever the number of keys;
+    /// raise it if more keys than this are pinned over and over, lower it
+    /// (to 0: no cells, every pin takes the lock) to save that memory.
+    /// Split evenly over the shards. Defaults to: 16,384.
+    pub fn hit_cells(mut self, n: usize) -> Self {
+        self.cfg.hit_cells = n;
         self
     }
 

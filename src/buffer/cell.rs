@@ -25,6 +25,10 @@
 //!
 //! The shard opens, closes and drops cells only under its lock, and a cell
 //! is open exactly when its entry is on a list (`validate()` checks it).
+//! To keep within its budget of cells, the shard also *retires* cells of
+//! entries that stay on their list: [`HitCell::retire`] closes a cell only
+//! while it holds no pin, and the cell leaves the index
+//! (`shard::cells`).
 //!
 //! A hit's guard ([`CellPin`]) holds its cell by the pin alone, writing no
 //! reference count: an open cell is held by the index, which gives it up
@@ -236,6 +240,31 @@ impl<V> HitCell<V> {
             // `last_use`.
             match self.word.compare_exchange_weak(w, next, AcqRel, Acquire) {
                 Ok(_) => return pins as u32,
+                Err(now) => w = now,
+            }
+        }
+    }
+
+    /// Close the cell if nothing holds it through the cell (no pin, no
+    /// lease), for the shard that retires it to keep its cells within
+    /// their budget: whether it is now closed and idle. A hit racing with
+    /// this either pins first (and the cell stays) or finds it closed.
+    /// Under the shard lock.
+    pub(crate) fn retire(&self) -> bool {
+        let mut w = self.word.load(Relaxed);
+        loop {
+            if w & (PINS | LEASED) != 0 {
+                return false;
+            }
+            if w & OPEN == 0 {
+                return true;
+            }
+            // Acquire: as for a close, the releases before are seen.
+            match self
+                .word
+                .compare_exchange_weak(w, w & !OPEN, AcqRel, Acquire)
+            {
+                Ok(_) => return true,
                 Err(now) => w = now,
             }
         }

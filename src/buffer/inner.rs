@@ -122,6 +122,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
                             owner: me.clone() as Weak<dyn PinOwner<V>>,
                             ticks: Arc::clone(&ticks),
                             shard: s as u32,
+                            budget: cfg.hit_cells.div_ceil(cfg.shards),
                         },
                     )),
                     tails: [AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX)],

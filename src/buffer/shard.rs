@@ -37,6 +37,10 @@ pub(crate) struct Cells<K, V> {
     pub owner: Weak<dyn PinOwner<V>>,
     pub ticks: Arc<Ticks>,
     pub shard: u32,
+    /// At most this many of the shard's entries keep a cell (beyond it,
+    /// the least recently hit give theirs up: `cells::Retire`); 0 gives
+    /// none, and every pin takes the shard's path.
+    pub budget: usize,
 }
 
 /// Readers to answer after unlocking.
@@ -116,6 +120,9 @@ pub(crate) struct Shard<K, V> {
     /// Gauge changes made since the last [`Shard::take_delta`].
     delta: Delta,
     cells: Cells<K, V>,
+    /// The entries with a cell, oldest first, for keeping them within
+    /// `cells.budget`.
+    retire: cells::Retire<V>,
     /// The newest tick an entry was relinked at by a hit's release
     /// (eviction moving it up), since the last [`Shard::take_repaired`]:
     /// the buffer raises the shard's clock to it, so later links come
@@ -137,6 +144,7 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
             detached: HashMap::new(),
             delta: Delta::ZERO,
             cells,
+            retire: cells::Retire::default(),
             repaired: 0,
         }
     }
@@ -157,6 +165,7 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
                 owner,
                 ticks: Arc::new(Ticks::new()),
                 shard: 0,
+                budget: usize::MAX,
             },
         )
     }
@@ -338,44 +347,6 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
             return None;
         }
         self.cells.index.get(&n.key)
-    }
-
-    /// Give `idx` (resident, about to be linked) a hit cell if it has
-    /// none: the next hits on it take no lock.
-    fn give_cell(&mut self, idx: u32) {
-        let n = self.node(idx);
-        if n.celled() {
-            return;
-        }
-        let Some(value) = n.state().value() else {
-            return;
-        };
-        let at = PinAt {
-            shard: self.cells.shard,
-            slot: idx,
-            version: n.version,
-        };
-        let cell = HitCell::new(
-            Arc::clone(value),
-            self.cells.owner.clone(),
-            Arc::clone(&self.cells.ticks),
-            at,
-        );
-        let key = n.key.clone();
-        if self.cells.index.publish(key, Arc::new(cell)) {
-            self.node_mut(idx).set_celled(true);
-        }
-    }
-
-    /// `idx`'s value is leaving memory, or the entry the index: its cell
-    /// (closed) leaves the index. Its handle on the value goes now if no
-    /// pin holds it, else when the lease ends (`lease_ended`). The entry
-    /// still holds the value, so this is never the last handle.
-    fn drop_cell(&mut self, idx: u32) {
-        let Some(cell) = self.cell(idx) else { return };
-        self.cells.index.withdraw(&self.node(idx).key);
-        self.node_mut(idx).set_celled(false);
-        drop(cell.take_value());
     }
 
     /// The newest tick an entry was moved up to since the last call.
@@ -633,8 +604,10 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
                 None
             }
             Unpinned::Link { kind, .. } => {
-                self.give_cell(idx);
-                self.link_front(idx, kind, tick());
+                let tick = tick();
+                self.give_cell(idx, tick);
+                self.link_front(idx, kind, tick);
+                self.trim_cells();
                 None
             }
         }
@@ -885,6 +858,13 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         if self.map.len() != self.nodes().count() {
             return Err("map and slab disagree on the number of keys".into());
         }
+        if self.retire.count() != self.celled() {
+            return Err(format!(
+                "{} cells counted, {} entries with one",
+                self.retire.count(),
+                self.celled()
+            ));
+        }
         Ok(())
     }
 
@@ -936,5 +916,6 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
     }
 }
 
+mod cells;
 #[cfg(test)]
 mod tests;

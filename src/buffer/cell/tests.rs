@@ -611,6 +611,9 @@ mod schedules {
         leases_ended: u32,
         /// Leases whose EndLease came out of `consume_cell`.
         consume_ends: u32,
+        /// The shard retired the cell to keep within its budget: the
+        /// entry stays on its list, without a cell.
+        retired: bool,
     }
 
     /// The stand-in shard: its books under its lock, one model per cell
@@ -787,6 +790,36 @@ mod schedules {
         }
     }
 
+    /// Two hitter threads on `cell`: hitter `h` hits it once per entry of
+    /// `consumes(h)`, consuming where that says so.
+    fn hitters(
+        models: &Arc<Mutex<Vec<Model>>>,
+        cell: &Arc<HitCell<u64>>,
+        consumes: fn(usize) -> Vec<bool>,
+    ) -> Vec<thread::JoinHandle<Seen>> {
+        (0..2)
+            .map(|h| {
+                let (models, cell) = (Arc::clone(models), Arc::clone(cell));
+                thread::spawn(move || {
+                    let mut seen = Seen::default();
+                    for consume in consumes(h) {
+                        hit(&models, &cell, consume, &mut seen);
+                    }
+                    seen
+                })
+            })
+            .collect()
+    }
+
+    /// What the hitters saw, once they are done.
+    fn joined(hitters: Vec<thread::JoinHandle<Seen>>) -> Seen {
+        let mut seen = Seen::default();
+        for h in hitters {
+            seen += h.join().unwrap();
+        }
+        seen
+    }
+
     /// Use a pin held on `cell`: read the value (it must be intact the
     /// whole time the pin is held, and the shard must not be able to take
     /// it), release, and give the lease back if the release was its last
@@ -861,17 +894,7 @@ mod schedules {
         let models = Arc::clone(&shard.models);
         let cell = shard.cell(0);
         shard.link(&cell);
-        let hitters: Vec<_> = (0..2)
-            .map(|h| {
-                let (models, cell) = (Arc::clone(&models), Arc::clone(&cell));
-                thread::spawn(move || {
-                    let mut seen = Seen::default();
-                    hit(&models, &cell, false, &mut seen);
-                    hit(&models, &cell, h == 1, &mut seen);
-                    seen
-                })
-            })
-            .collect();
+        let hitters = hitters(&models, &cell, |h| vec![false, h == 1]);
         let evictor = {
             let (shard, cell) = (Arc::clone(&shard), Arc::clone(&cell));
             thread::spawn(move || {
@@ -879,10 +902,7 @@ mod schedules {
                 shard.evict(&cell);
             })
         };
-        let mut seen = Seen::default();
-        for h in hitters {
-            seen += h.join().unwrap();
-        }
+        let seen = joined(hitters);
         evictor.join().unwrap();
         check_end(&models, &[&cell], &seen);
     }
@@ -1041,16 +1061,7 @@ mod schedules {
         let value = Arc::new(value_of(0));
         let cell = shard.cell_with(0, Arc::clone(&value));
         shard.link(&cell);
-        let hitters: Vec<_> = (0..2)
-            .map(|_| {
-                let (models, cell) = (Arc::clone(&models), Arc::clone(&cell));
-                thread::spawn(move || {
-                    let mut seen = Seen::default();
-                    hit(&models, &cell, false, &mut seen);
-                    seen
-                })
-            })
-            .collect();
+        let hitters = hitters(&models, &cell, |_| vec![false]);
         let dropper = {
             let cell = Arc::clone(&cell);
             // The only strong handle on the buffer.
@@ -1059,10 +1070,7 @@ mod schedules {
                 drop(shard);
             })
         };
-        let mut seen = Seen::default();
-        for h in hitters {
-            seen += h.join().unwrap();
-        }
+        let seen = joined(hitters);
         dropper.join().unwrap();
         assert!(
             cell.owner().is_none(),
@@ -1095,5 +1103,54 @@ mod schedules {
     #[test]
     fn schedules_buffer_dropped_with_pins_alive() {
         explore(buffer_dropped_with_pins_alive);
+    }
+
+    /// (f) Pin vs retire: hits race the shard retiring the cell to keep
+    /// within its budget. A retire succeeds only while no pin is held;
+    /// after it no hit pins and the cell gives its value up; one that
+    /// fails leaves the cell open, its pins and value intact.
+    fn pin_vs_retire() {
+        let shard = Shard::new(1);
+        let models = Arc::clone(&shard.models);
+        let cell = shard.cell(0);
+        shard.link(&cell);
+        let hitters = hitters(&models, &cell, |_| vec![false, false]);
+        let retirer = {
+            let (models, cell) = (Arc::clone(&models), Arc::clone(&cell));
+            thread::spawn(move || {
+                for _ in 0..2 {
+                    let mut models = models.lock().unwrap();
+                    let m = &mut models[0];
+                    if !m.retired && cell.retire() {
+                        assert!(!cell.is_open() && cell.is_idle(), "retired while held");
+                        m.retired = true;
+                        leave_memory(m, &cell);
+                    }
+                    drop(models);
+                    thread::yield_now();
+                }
+            })
+        };
+        let seen = joined(hitters);
+        retirer.join().unwrap();
+        let models = models.lock().unwrap();
+        let m = &models[0];
+        assert_eq!(cell.pins(), 0, "pins left");
+        assert!(!cell.is_leased(), "a retire made a lease");
+        assert_eq!(seen.end_leases + seen.orphan_ends, 0, "{seen:?}");
+        if m.retired {
+            assert!(!cell.is_open(), "{m:?}");
+            assert!(!cell.try_pin(), "a retired cell pinned");
+        } else {
+            assert!(cell.is_open(), "{m:?}");
+            assert!(cell.try_pin());
+            assert_eq!(**cell.value(), value_of(0));
+            assert_eq!(cell.release(), Released::Done);
+        }
+    }
+
+    #[test]
+    fn schedules_pin_vs_retire() {
+        explore(pin_vs_retire);
     }
 }

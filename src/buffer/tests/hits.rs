@@ -184,6 +184,73 @@ fn a_hit_outlives_its_buffer() {
     assert_eq!(Arc::strong_count(&value), 1, "the buffer's handles leaked");
 }
 
+/// A buffer of one shard with room for 64 values and `cells` hit cells.
+fn buffer_with_cells(dir: &std::path::Path, cells: usize) -> SpillBuffer<u64, Vec<f64>> {
+    SpillBuffer::builder(dir)
+        .memory_target(64 * W)
+        .shards(1)
+        .hit_cells(cells)
+        .build()
+        .unwrap()
+}
+
+fn has_cell(b: &SpillBuffer<u64, Vec<f64>>, k: u64) -> bool {
+    b.inner().hits.get(&k).is_some()
+}
+
+/// Beyond its budget, a shard retires the cells not hit for longest (one
+/// hit since it was given is kept over an older idle one), never one
+/// pinned; a key whose cell was retired takes the shard's path once and
+/// gets a cell again.
+#[test]
+fn cells_stay_within_their_budget_and_the_least_recently_hit_go_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = buffer_with_cells(dir.path(), 4);
+    for k in 0..10 {
+        b.insert(k, value(k)).unwrap();
+    }
+    let held = hit(&b, 0);
+    for k in 1..10 {
+        drop(b.try_pin(&k).unwrap());
+        assert!(b.inner().hits.len() <= 4, "after key {k}");
+        b.validate().unwrap();
+    }
+    let celled: Vec<u64> = (0..10).filter(|&k| has_cell(&b, k)).collect();
+    assert_eq!(celled, [0, 7, 8, 9], "the pinned cell and the newest three");
+    assert_eq!(held[0], 0.0);
+    drop(held);
+    // Keys 0 (released since) and 7 (hit since) are kept over 8, the
+    // oldest of those not used since they got their cells.
+    drop(hit(&b, 7));
+    let p = b.try_pin(&1).unwrap();
+    assert!(!p.is_hit(), "key 1's cell was retired");
+    drop(p);
+    let celled: Vec<u64> = (0..10).filter(|&k| has_cell(&b, k)).collect();
+    assert_eq!(
+        celled,
+        [0, 1, 7, 9],
+        "key 1 got a cell again, key 8 gave its up"
+    );
+    assert!(b.try_pin(&1).unwrap().is_hit());
+    b.validate().unwrap();
+}
+
+/// With no cells, every pin takes the shard's path, and keeps every
+/// promise of a pin.
+#[test]
+fn with_no_cells_every_pin_takes_the_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = buffer_with_cells(dir.path(), 0);
+    b.insert(1, value(1)).unwrap();
+    drop(b.try_pin(&1).unwrap());
+    let p = b.try_pin(&1).unwrap();
+    assert!(!p.is_hit());
+    assert_eq!(p[0], 1.0);
+    drop(p);
+    assert_eq!(b.inner().hits.len(), 0);
+    b.validate().unwrap();
+}
+
 #[test]
 fn threads_hitting_while_others_evict_remove_and_replace_keep_every_promise() {
     let dir = tempfile::tempdir().unwrap();
