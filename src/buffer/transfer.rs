@@ -484,7 +484,11 @@ impl<K: Key, V: Spill> Inner<K, V> {
             if !self.owns(key, version, loc) {
                 continue;
             }
-            let len = held.send(key, weight as u64, w)?;
+            let sent = held.send(key, weight as u64, w);
+            drop(held);
+            // A compaction that waited for the hold.
+            self.queue_compactions();
+            let len = sent?;
             Metrics::add(&self.metrics.records_sent, 1);
             Metrics::add(&self.metrics.records_sent_bytes, len);
             return Ok(Some(len));

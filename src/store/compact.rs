@@ -64,9 +64,12 @@ pub(crate) enum Relocated {
 pub(crate) struct Compacted {
     /// Records moved to copies.
     pub moved: u64,
-    /// Some record had a read in flight, or a transfer held the segment
-    /// while it wanted packing or punching: compact it again later.
+    /// Some record had a read in flight: compact the segment again later.
     pub retry: bool,
+    /// A transfer held the segment while it wanted packing or punching:
+    /// it is compacted again once the last hold goes ([`Store::hold`]),
+    /// not before, however long the transfer waits on its peer.
+    pub held: bool,
 }
 
 impl<K: Clone + Debug> Store<K> {
@@ -179,9 +182,10 @@ impl<K: Clone + Debug> Store<K> {
         let mut out = Compacted {
             moved: 0,
             retry: false,
+            held: false,
         };
         if self.punch(seg).is_none() {
-            out.retry = true;
+            out.held = true;
         }
         let sparse = {
             let g = self.inner.lock();
@@ -195,12 +199,15 @@ impl<K: Clone + Debug> Store<K> {
             // their own file, then give back what is left behind them.
             self.slide(seg, &relocate, &mut out);
             if self.punch(seg).is_none() {
-                out.retry = true;
+                out.held = true;
             }
         }
         let mut g = self.inner.lock();
         if let Some(s) = g.segs.get_mut(&seg) {
-            if out.retry {
+            if out.held && s.held > 0 && !out.retry {
+                // Still marked compacting; the last hold's drop queues it.
+                s.after_hold = true;
+            } else if out.retry || out.held {
                 // Still marked compacting, and queued again: a second pass
                 // must not start beside this one (two passes sliding one
                 // file would each write over what the other moved).
@@ -265,7 +272,7 @@ impl<K: Clone + Debug> Store<K> {
         for (old, key) in self.live_records(seg) {
             if self.inner.lock().segs.get(&seg).is_some_and(|s| s.held > 0) {
                 // A transfer is sending one of its records: pack it later.
-                out.retry = true;
+                out.held = true;
                 return;
             }
             let len = old.len();
@@ -289,7 +296,7 @@ impl<K: Clone + Debug> Store<K> {
                     if source.kind() == std::io::ErrorKind::ResourceBusy =>
                 {
                     // Held since the check above (`write_within`).
-                    out.retry = true;
+                    out.held = true;
                     return;
                 }
                 Err(e) => {

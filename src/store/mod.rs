@@ -115,6 +115,9 @@ struct Segment<K> {
     /// over or punched out (compaction in place waits), so a record they
     /// found live stays as it was even if it dies meanwhile.
     held: u32,
+    /// A compaction passed the segment over for a hold: the last hold's
+    /// drop queues it again.
+    after_hold: bool,
     /// Waiting in `Segments::deferred`.
     deferred: bool,
 }
@@ -592,6 +595,7 @@ impl<K: Clone + Debug> Store<K> {
                 sealed: own_file,
                 compacting: false,
                 held: 0,
+                after_hold: false,
                 deferred: false,
             };
             let mut dead = None;

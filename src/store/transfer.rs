@@ -89,9 +89,18 @@ impl<K: Clone + Debug> Hold<'_, K> {
 }
 
 impl<K> Drop for Hold<'_, K> {
+    /// The last hold of a segment that compaction passed over queues it
+    /// again (the buffer drains the queue after the transfer).
     fn drop(&mut self) {
-        if let Some(s) = self.store.inner.lock().segs.get_mut(&self.loc.seg) {
-            s.held -= 1;
+        let seg = self.loc.seg;
+        let mut g = self.store.inner.lock();
+        let Some(s) = g.segs.get_mut(&seg) else {
+            return;
+        };
+        s.held -= 1;
+        if s.held == 0 && s.after_hold {
+            s.after_hold = false;
+            g.to_compact.push(seg);
         }
     }
 }
