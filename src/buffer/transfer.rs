@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::io::{Free, Priority};
 use crate::metrics::Metrics;
 use crate::record::{Encoding, Record};
-use crate::store::transfer::{naming, open_received, transfer_path, Encoded, Streamed};
+use crate::store::transfer::{open_received, send_failed, transfer_path, Encoded, Streamed};
 use crate::store::DiskLoc;
 use crate::value::Spill;
 use std::borrow::Borrow;
@@ -466,8 +466,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
                     let Some(rec) = self.record_of(key)? else {
                         return Ok(None);
                     };
-                    rec.write_to(w)
-                        .map_err(|e| Error::io("send record", transfer_path(), naming(key, e)))?;
+                    rec.write_to(w).map_err(|e| send_failed(key, e))?;
                     return Ok(Some(rec.len() as u64));
                 }
                 Source::Disk {

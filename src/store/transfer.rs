@@ -61,7 +61,6 @@ impl<K: Clone + Debug> Hold<'_, K> {
     pub(crate) fn send<W: Write + ?Sized>(&self, key: &K, weight: u64, w: &mut W) -> Result<u64> {
         let (loc, path) = (self.loc, &self.path);
         let len = loc.len();
-        let sent = |e: io::Error| Error::io("send record", transfer_path(), naming(key, e));
         with_scratch(|s| {
             let piece = &mut s.a;
             fit(
@@ -78,9 +77,9 @@ impl<K: Clone + Debug> Hold<'_, K> {
                     check_stored_header(key, path, &piece[..n], loc)?;
                     let mut frame = [0u8; FRAME];
                     seal_frame(&mut frame, len, weight);
-                    w.write_all(&frame).map_err(sent)?;
+                    w.write_all(&frame).map_err(|e| send_failed(key, e))?;
                 }
-                w.write_all(&piece[..n]).map_err(sent)?;
+                w.write_all(&piece[..n]).map_err(|e| send_failed(key, e))?;
                 at += n as u64;
             }
             Ok(FRAME as u64 + len)
@@ -124,8 +123,13 @@ fn check_stored_header<K: Debug>(key: &K, path: &Path, bytes: &[u8], loc: DiskLo
 }
 
 /// A stream's own failure, its message naming the key it was moving.
-pub(crate) fn naming<K: Debug>(key: &K, e: io::Error) -> io::Error {
+fn naming<K: Debug>(key: &K, e: io::Error) -> io::Error {
     io::Error::new(e.kind(), format!("transfer of key {key:?}: {e}"))
+}
+
+/// The writer a record of `key` was being sent to failed.
+pub(crate) fn send_failed<K: Debug>(key: &K, e: io::Error) -> Error {
+    Error::io("send record", transfer_path(), naming(key, e))
 }
 
 /// What [`Store::write_streamed`] made of a record read from a stream.
@@ -284,11 +288,7 @@ impl<K: Clone + Debug> Store<K> {
             io::ErrorKind::UnexpectedEof => {
                 corrupt("the stream ended inside the record (truncated)".into())
             }
-            _ => Error::io(
-                "read transfer",
-                transfer_path(),
-                io::Error::new(e.kind(), format!("transfer of key {key:?}: {e}")),
-            ),
+            _ => Error::io("read transfer", transfer_path(), naming(key, e)),
         };
         let mut frame = [0u8; FRAME];
         reader.read_exact(&mut frame).map_err(failed)?;
