@@ -162,8 +162,9 @@ impl<K, V> Builder<K, V> {
     /// value stays in memory; beyond this many, the keys not pinned for
     /// longest give theirs up, and their next pin takes the shard's lock
     /// (about three times slower) and gives them one again. Each cell
-    /// costs about 166 bytes (itself and its place in the index), so the
-    /// default bounds them at about 2.7 MiB whatever the number of keys;
+    /// costs about 160 bytes (its place in the index, with the key, and
+    /// the place's share of the index's table), so the default bounds
+    /// them at about 2.5 MiB whatever the number of keys;
     /// raise it if more keys than this are pinned over and over, lower it
     /// (to 0: no cells, every pin takes the lock) to save that memory.
     /// Split evenly over the shards. Defaults to: 16,384.

@@ -3,9 +3,10 @@
 //!
 //! A key whose value is in memory and was pinned before has a [`HitCell`]:
 //! one word holding its *cell pins* and two flags, the time of its last
-//! release, and a handle on the value. The cells live in a [`HitIndex`],
-//! a concurrent map read without a lock (under an epoch guard, so that a
-//! cell removed meanwhile stays readable until no reader can hold it).
+//! release, and a handle on the value. The cells live in places of a
+//! [`HitIndex`] (`index`): per shard, a table read without a lock and a
+//! pool of places that are reused, never freed while the buffer lives, so
+//! that a hit needs no guard against a cell freed under it.
 //!
 //! The word's protocol, every step a single atomic update of the word:
 //!
@@ -23,27 +24,23 @@
 //!   pinned (and counted as pinned) until the last cell pin goes; that
 //!   release ends the lease through the owner, under the shard lock.
 //!
-//! The shard opens, closes and drops cells only under its lock, and a cell
+//! The shard opens, closes and fills cells only under its lock, and a cell
 //! is open exactly when its entry is on a list (`validate()` checks it).
 //! To keep within its budget of cells, the shard also *retires* cells of
 //! entries that stay on their list: [`HitCell::retire`] closes a cell only
-//! while it holds no pin, and the cell leaves the index
-//! (`shard::cells`).
+//! while it holds no pin, and the cell leaves the index (`shard::cells`).
 //!
 //! A hit's guard ([`CellPin`]) holds its cell by the pin alone, writing no
-//! reference count: an open cell is held by the index, which gives it up
-//! only once the shard has closed it; closing a pinned cell makes a lease,
-//! and the lease holds the cell (one count of its `Arc`, taken by
-//! [`HitCell::close`]) until the release that ends it gives that count
-//! back. When the buffer goes, the index closes every cell first, so pins
-//! still held become leases that hold their cells.
+//! reference count: a place is given to another key only once its cell
+//! is closed and holds no pin and no lease. A lease holds the pool the
+//! cell lives in (one count of it, taken by [`HitCell::close`]) until the
+//! release that ends it gives that count back, so that pins still held
+//! when the buffer goes keep their cells. When the buffer goes, the index
+//! closes every cell first, so those pins become leases.
 
-use crate::buffer::hash::KeyHash;
 use crate::buffer::pinned::{PinAt, PinOwner};
 use crate::buffer::tick::Ticks;
-use std::borrow::Borrow;
 use std::cell::UnsafeCell;
-use std::hash::Hash;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 use std::sync::{Arc, Weak};
@@ -82,45 +79,102 @@ pub(crate) enum Released {
     EndLease,
 }
 
+/// What keeps cells alive: the pool they live in, held by the index and
+/// by every lease, whatever its type.
+pub(crate) trait Life: Send + Sync {}
+
+impl<T: Send + Sync> Life for T {}
+
 /// One key's hit cell. See the module docs for its protocol.
 pub(crate) struct HitCell<V> {
     word: AtomicU64,
     /// Tick of the latest release of a cell pin (or of the last link).
     last_use: AtomicU64,
-    /// The entry's value while it is in memory. Written only under the
-    /// shard lock while the cell is closed and holds no pin; read by hits
-    /// that hold a cell pin.
+    /// The entry's value while it is in memory, and where the entry is.
+    /// Written only under the shard lock while the cell is closed and
+    /// holds no pin; read by hits that hold a cell pin.
     value: UnsafeCell<Option<Arc<V>>>,
+    at: UnsafeCell<PinAt>,
+    /// Under the shard lock: a lease was taken ([`HitCell::close`] found
+    /// pins) and not given back yet ([`HitCell::lease_returned`]). Its last
+    /// pin may be released already, its releaser waiting for the lock.
+    lent: UnsafeCell<bool>,
     /// The buffer, for the release that ends a lease or a consume. Weak:
     /// a hit writes no reference count but the cell's own.
     owner: Weak<dyn PinOwner<V>>,
     ticks: Arc<Ticks>,
-    at: PinAt,
+    /// The pool the cell lives in, as an `Arc`'s pointer: a lease holds
+    /// one count of it ([`HitCell::close`]).
+    life: NonNull<dyn Life>,
+    /// The place the cell lives in, set once by the pool (a pointer with
+    /// the whole place's provenance, which a `&HitCell` lacks).
+    home: NonNull<u8>,
 }
 
-// SAFETY: `value` is written only by the shard, under its lock, while no
-// hit can read it (the cell is closed and holds no pin, so every `try_pin`
-// fails), and read only by holders of a pin; the word's acquire/release
-// updates order the two. Everything else is `Send + Sync` already.
+// SAFETY: `value` and `at` are written only by the shard, under its lock,
+// while no hit can read them (the cell is closed and holds no pin, so
+// every `try_pin` fails), and read only by holders of a pin or under the
+// lock; the word's acquire/release updates order the two. `life` is an
+// `Arc`'s pointer to a `Send + Sync` pool. Everything else is `Send +
+// Sync` already.
 unsafe impl<V: Send + Sync> Send for HitCell<V> {}
 // SAFETY: as for `Send`.
 unsafe impl<V: Send + Sync> Sync for HitCell<V> {}
 
+/// Where a cell not yet given to an entry says it is.
+const NOWHERE: PinAt = PinAt {
+    shard: u32::MAX,
+    slot: u32::MAX,
+    version: 0,
+};
+
 impl<V> HitCell<V> {
-    /// A closed cell for the entry at `at`, holding `value`.
+    /// A closed, empty cell living in `life` (an `Arc` that must outlive
+    /// the cell: a lease takes a count of it, which keeps it so).
     pub(crate) fn new(
-        value: Arc<V>,
         owner: Weak<dyn PinOwner<V>>,
         ticks: Arc<Ticks>,
-        at: PinAt,
+        life: &Arc<dyn Life>,
     ) -> Self {
         HitCell {
             word: AtomicU64::new(0),
             last_use: AtomicU64::new(0),
-            value: UnsafeCell::new(Some(value)),
+            value: UnsafeCell::new(None),
+            at: UnsafeCell::new(NOWHERE),
+            lent: UnsafeCell::new(false),
             owner,
             ticks,
-            at,
+            // SAFETY: an `Arc`'s pointer is never null.
+            life: unsafe { NonNull::new_unchecked(Arc::as_ptr(life).cast_mut()) },
+            home: NonNull::dangling(),
+        }
+    }
+
+    /// The place this cell lives in (dangling for a cell made outside a
+    /// pool).
+    pub(crate) fn home(&self) -> NonNull<u8> {
+        self.home
+    }
+
+    /// Set where the cell lives, before it is shared.
+    ///
+    /// # Safety
+    ///
+    /// `cell` points to a cell no one else can reach yet.
+    pub(crate) unsafe fn set_home(cell: NonNull<Self>, home: NonNull<u8>) {
+        // SAFETY: as the caller promises.
+        unsafe { (*cell.as_ptr()).home = home };
+    }
+
+    /// Give the cell to the entry at `at`, holding `value`. Under the
+    /// shard lock, with the cell closed and idle (no pin, no lease).
+    pub(crate) fn assign(&self, value: Arc<V>, at: PinAt) {
+        debug_assert!(self.is_idle(), "a cell given while held");
+        // SAFETY: closed and idle: no hit reads these (see `take_value`),
+        // and the shard lock keeps out any other writer.
+        unsafe {
+            *self.value.get() = Some(value);
+            *self.at.get() = at;
         }
     }
 
@@ -198,9 +252,11 @@ impl<V> HitCell<V> {
         self.owner.upgrade()
     }
 
-    /// Where the entry is, for the shard that ends a lease.
+    /// Where the entry is, for a holder of a pin or the shard.
     pub(crate) fn at(&self) -> PinAt {
-        self.at
+        // SAFETY: written only while closed and idle, under the shard
+        // lock (`assign`): the caller holds a pin or that lock.
+        unsafe { *self.at.get() }
     }
 
     /// The entry went on its list at `tick`: hits may pin again. Under the
@@ -214,17 +270,38 @@ impl<V> HitCell<V> {
 
     /// The entry left its list: no more hits. Returns how many cell pins
     /// were held; if any, they are now a lease, and the caller pins the
-    /// entry once for them. The lease holds the cell (one count of `this`)
-    /// until the release that ends it. Under the shard lock.
-    pub(crate) fn close(this: &Arc<Self>) -> u32 {
+    /// entry once for them. The lease holds the cell's pool (one count of
+    /// `life`) until the release that ends it. Under the shard lock, while
+    /// something else holds the pool too (the index).
+    pub(crate) fn close(&self) -> u32 {
         // Taken before the close: the lease may end, and give its count
         // back, as soon as the close is done.
-        let held = Arc::clone(this);
-        let pins = this.close_word();
-        if pins > 0 {
-            std::mem::forget(held);
+        // SAFETY: `life` is an `Arc`'s pointer, alive while the cell is.
+        unsafe { Arc::increment_strong_count(self.life.as_ptr()) };
+        let pins = self.close_word();
+        if pins == 0 {
+            // SAFETY: the count taken above; another holds the pool, so
+            // this is not the last.
+            unsafe { Arc::decrement_strong_count(self.life.as_ptr()) };
+        } else {
+            // SAFETY: under the shard lock.
+            unsafe { *self.lent.get() = true };
         }
         pins
+    }
+
+    /// The shard took back the lease (under its lock): whether one was
+    /// out.
+    pub(crate) fn lease_returned(&self) -> bool {
+        // SAFETY: under the shard lock.
+        unsafe { std::mem::replace(&mut *self.lent.get(), false) }
+    }
+
+    /// A lease is out (under the shard lock): the cell's pins, or the
+    /// release of its last one, still need the cell.
+    pub(crate) fn is_lent(&self) -> bool {
+        // SAFETY: under the shard lock.
+        unsafe { *self.lent.get() }
     }
 
     /// [`HitCell::close`] on the word alone.
@@ -337,15 +414,11 @@ impl<V> CellPin<V> {
     ///
     /// # Safety
     ///
-    /// `cell.try_pin()` succeeded while `cell` was held (by the index,
-    /// under a guard of it): the pin now holds it.
-    unsafe fn taken(cell: &Arc<HitCell<V>>) -> Self {
-        // From the `Arc`, not the cell: the lease's end reaches the counts
-        // next to the cell through this pointer.
-        let ptr = Arc::as_ptr(cell).cast_mut();
+    /// `cell.try_pin()` succeeded while `cell` was alive (in the index's
+    /// pool): the pin now holds it.
+    pub(crate) unsafe fn taken(cell: &HitCell<V>) -> Self {
         CellPin {
-            // SAFETY: an `Arc`'s pointer is never null.
-            cell: unsafe { NonNull::new_unchecked(ptr) },
+            cell: NonNull::from(cell),
         }
     }
 
@@ -364,17 +437,30 @@ impl<V> CellPin<V> {
     /// use. The release that ends a lease gives the buffer its lease back
     /// and then the lease's count of the cell.
     pub(crate) fn release(self, consume: bool) {
-        ManuallyDrop::new(self).give_back(consume);
+        ManuallyDrop::new(self).give_back(Use::Used { consume });
     }
 
-    fn give_back(&self, consume: bool) {
+    /// Give back a pin taken on a cell that turned out to be another
+    /// key's (its place was given to that key meanwhile): no use to
+    /// record, but a lease it was the last pin of still ends.
+    pub(crate) fn abandon(self) {
+        ManuallyDrop::new(self).give_back(Use::None);
+    }
+
+    fn give_back(&self, how: Use) {
         let cell = self.cell();
+        // Read now: the lease's end below may be the last use of the cell.
+        let life = cell.life;
         // The owner is upgraded only when the shard has work to do: a
         // hit's release writes no count but the cell's.
+        let consume = how == Use::Used { consume: true };
         let released = match consume.then(|| cell.owner()).flatten() {
             Some(owner) => owner.consume_cell(cell),
             None => {
-                let released = cell.release();
+                let released = match how {
+                    Use::None => cell.unpin(),
+                    Use::Used { .. } => cell.release(),
+                };
                 if released == Released::EndLease {
                     // The buffer may be gone: the lease ends here then.
                     if let Some(owner) = cell.owner() {
@@ -385,98 +471,31 @@ impl<V> CellPin<V> {
             }
         };
         if released == Released::EndLease {
-            // SAFETY: the lease held one count of the cell's `Arc` (taken
-            // by `HitCell::close`, from an `Arc` of this allocation), and
-            // it ended here; nothing touches the cell after.
-            unsafe { Arc::decrement_strong_count(self.cell.as_ptr()) }
+            // SAFETY: the lease held one count of the pool (taken by
+            // `HitCell::close`), and it ended here; nothing touches the
+            // cell after.
+            unsafe { Arc::decrement_strong_count(life.as_ptr()) }
         }
     }
+}
+
+/// How a pin is given back.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Use {
+    /// Used (consumed or not).
+    Used { consume: bool },
+    /// Never used: taken on another key's cell.
+    None,
 }
 
 impl<V> Drop for CellPin<V> {
     fn drop(&mut self) {
-        self.give_back(false);
+        self.give_back(Use::Used { consume: false });
     }
 }
 
-type CellMap<K, V> = papaya::HashMap<K, Arc<HitCell<V>>, KeyHash>;
-
-/// The buffer's cells by key, read without a lock. Written only under the
-/// lock of the key's shard.
-pub(crate) struct HitIndex<K, V> {
-    map: CellMap<K, V>,
-    /// [`close_all`] for this key type, for `drop` (which cannot ask for
-    /// the bounds it needs).
-    close_all: fn(&CellMap<K, V>),
-}
-
-/// Close every cell of `map`: pins still held become leases, which hold
-/// their cells once the map's counts are gone.
-fn close_all<K: Hash + Eq, V>(map: &CellMap<K, V>) {
-    let guard = map.guard();
-    for (_, cell) in map.iter(&guard) {
-        HitCell::close(cell);
-    }
-}
-
-impl<K, V> Drop for HitIndex<K, V> {
-    fn drop(&mut self) {
-        (self.close_all)(&self.map);
-    }
-}
-
-impl<K: Hash + Eq, V> HitIndex<K, V> {
-    pub(crate) fn new(hash: KeyHash) -> Self {
-        HitIndex {
-            map: papaya::HashMap::builder()
-                .hasher(hash)
-                // Grown in place by the writers, under their shard lock,
-                // rather than copied a little by every reader.
-                .resize_mode(papaya::ResizeMode::Blocking)
-                .build(),
-            close_all: close_all::<K, V>,
-        }
-    }
-
-    /// Pin `key` through its cell: the pin, or `None` (no cell, or closed:
-    /// take the shard's path).
-    #[inline]
-    pub(crate) fn pin<Q>(&self, key: &Q) -> Option<CellPin<V>>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        let guard = self.map.guard();
-        let cell = self.map.get(key, &guard)?;
-        // SAFETY: the index holds the cell while the guard lives, and the
-        // pin holds it from the moment `try_pin` succeeds.
-        cell.try_pin().then(|| unsafe { CellPin::taken(cell) })
-    }
-
-    /// The cell of `key`. Under the key's shard lock.
-    pub(crate) fn get(&self, key: &K) -> Option<Arc<HitCell<V>>> {
-        self.map.pin().get(key).map(Arc::clone)
-    }
-
-    /// Give `key` its cell, unless it has one: the index never lets go of
-    /// a cell the shard has not closed. Returns whether it took the cell.
-    /// Under the key's shard lock.
-    pub(crate) fn publish(&self, key: K, cell: Arc<HitCell<V>>) -> bool {
-        let taken = self.map.pin().try_insert(key, cell).is_ok();
-        debug_assert!(taken, "a key's cell published over another");
-        taken
-    }
-
-    /// Take `key`'s cell out. Under the key's shard lock.
-    pub(crate) fn withdraw(&self, key: &K) {
-        self.map.pin().remove(key);
-    }
-
-    #[cfg(any(test, feature = "testing"))]
-    pub(crate) fn len(&self) -> usize {
-        self.map.len()
-    }
-}
-
+mod index;
 #[cfg(test)]
 mod tests;
+
+pub(crate) use index::{CellRef, HitIndex};

@@ -16,6 +16,17 @@ fn fold(a: u64, b: u64) -> u64 {
     (p as u64) ^ ((p >> 64) as u64)
 }
 
+/// Which of `shards` shards a key of hash `hash` belongs to.
+#[inline]
+pub(crate) fn shard_of(hash: u64, shards: usize) -> usize {
+    // Middle bits: the table inside the shard uses the low ones for the
+    // bucket and the top seven for its control bytes. Scaled by a
+    // multiply rather than reduced by `%`: a division costs more than
+    // the rest of the hashing.
+    let mid = (hash >> 24) & 0xffff_ffff;
+    ((mid * shards as u64) >> 32) as usize
+}
+
 /// Builds [`KeyHasher`]s that share one random seed.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct KeyHash {

@@ -14,7 +14,7 @@
 use super::cell::{HitCell, HitIndex, Released};
 use super::entry::{Delta, ListKind, Node};
 use super::failure::Failures;
-use super::hash::KeyHash;
+use super::hash::{shard_of, KeyHash};
 use super::memory::{Gauges, MemoryWaiters};
 use super::pinned::{PinAt, PinOwner, PinResult, Pinned};
 use super::shard::{After, Cells, Shard, Wake};
@@ -111,43 +111,44 @@ impl<K: Key, V: Spill> Inner<K, V> {
     pub(crate) fn new(cfg: &Config, store: Store<K>, pool: Pool) -> Arc<Self> {
         let hasher = KeyHash::new();
         let ticks = Arc::new(Ticks::new());
-        let hits = Arc::new(HitIndex::new(hasher));
-        Arc::new_cyclic(|me: &Weak<Inner<K, V>>| Inner {
-            shards: (0..cfg.shards)
-                .map(|s| LockedShard {
-                    core: Mutex::new(Shard::new_in(
-                        hasher,
-                        Cells {
-                            index: Arc::clone(&hits),
-                            owner: me.clone() as Weak<dyn PinOwner<V>>,
-                            ticks: Arc::clone(&ticks),
-                            shard: s as u32,
-                            budget: cfg.hit_cells.div_ceil(cfg.shards),
-                        },
-                    )),
-                    tails: [AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX)],
-                    clock: AtomicU64::new(0),
-                    pinned: AtomicUsize::new(0),
-                })
-                .collect(),
-            hasher,
-            target: AtomicUsize::new(cfg.memory_target),
-            limit: AtomicUsize::new(cfg.memory_limit.unwrap_or(cfg.memory_target)),
-            limit_follows_target: cfg.memory_limit.is_none(),
-            ticks,
-            hits,
-            next_version: AtomicU64::new(1),
-            g: Padded(Gauges::default()),
-            store,
-            pool,
-            metrics: Metrics::default(),
-            telemetry: Telemetry::new(cfg.name.as_deref()),
-            mem_waiters: MemoryWaiters::default(),
-            spill_queue: Mutex::new(Vec::new()),
-            budget_logged: AtomicBool::new(false),
-            backoff: Backoff::new(),
-            failures: Failures::default(),
-            me: me.clone(),
+        Arc::new_cyclic(|me: &Weak<Inner<K, V>>| {
+            let owner = me.clone() as Weak<dyn PinOwner<V>>;
+            let hits = Arc::new(HitIndex::new(hasher, cfg.shards, owner, Arc::clone(&ticks)));
+            Inner {
+                shards: (0..cfg.shards)
+                    .map(|s| LockedShard {
+                        core: Mutex::new(Shard::new_in(
+                            hasher,
+                            Cells {
+                                index: Arc::clone(&hits),
+                                shard: s as u32,
+                                budget: cfg.hit_cells.div_ceil(cfg.shards),
+                            },
+                        )),
+                        tails: [AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX)],
+                        clock: AtomicU64::new(0),
+                        pinned: AtomicUsize::new(0),
+                    })
+                    .collect(),
+                hasher,
+                target: AtomicUsize::new(cfg.memory_target),
+                limit: AtomicUsize::new(cfg.memory_limit.unwrap_or(cfg.memory_target)),
+                limit_follows_target: cfg.memory_limit.is_none(),
+                ticks,
+                hits,
+                next_version: AtomicU64::new(1),
+                g: Padded(Gauges::default()),
+                store,
+                pool,
+                metrics: Metrics::default(),
+                telemetry: Telemetry::new(cfg.name.as_deref()),
+                mem_waiters: MemoryWaiters::default(),
+                spill_queue: Mutex::new(Vec::new()),
+                budget_logged: AtomicBool::new(false),
+                backoff: Backoff::new(),
+                failures: Failures::default(),
+                me: me.clone(),
+            }
         })
     }
 
@@ -158,12 +159,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
     }
 
     pub(crate) fn shard_of_hash(&self, hash: u64) -> usize {
-        // Middle bits: the table inside the shard uses the low ones for the
-        // bucket and the top seven for its control bytes. Scaled by a
-        // multiply rather than reduced by `%`: a division costs more than
-        // the rest of the hashing.
-        let mid = (hash >> 24) & 0xffff_ffff;
-        ((mid * self.shards.len() as u64) >> 32) as usize
+        shard_of(hash, self.shards.len())
     }
 
     /// A tick for a use of an entry of shard `s` by the host. Take it only

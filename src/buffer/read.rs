@@ -50,11 +50,11 @@ impl<K: Key, V: Spill> Inner<K, V> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
+        let hash = self.hasher.of(key);
         // The hit path: no lock, no write but the key's cell.
-        if let Some(cell) = self.hits.pin(key) {
+        if let Some(cell) = self.hits.pin(hash, key) {
             return Lookup::Hit(Pinned::of_cell(cell));
         }
-        let hash = self.hasher.of(key);
         let s = self.shard_of_hash(hash);
         match self.with_shard(s, |shard| shard.lookup(hash, key, waiter)) {
             Found::Hit {

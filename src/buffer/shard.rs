@@ -13,12 +13,11 @@
 //! lock is released: values to drop, a write to queue, a record to
 //! release, waiters to answer. The buffer acts on it (`Inner::act`).
 
-use crate::buffer::cell::{HitCell, HitIndex, Released};
+use crate::buffer::cell::{CellRef, HitCell, HitIndex, Released};
 use crate::buffer::entry::{Delta, Detached, Evicted, ListKind, Node, Removed, State, Unpinned};
 use crate::buffer::hash::KeyHash;
 use crate::buffer::lru::{Lists, Slab};
-use crate::buffer::pinned::{PinAt, PinOwner, Waiter};
-use crate::buffer::tick::Ticks;
+use crate::buffer::pinned::{PinAt, Waiter};
 use crate::buffer::way;
 use crate::buffer::write::SpillJob;
 use crate::store::compact::Relocated;
@@ -27,15 +26,13 @@ use hashbrown::HashTable;
 use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 /// What a shard needs to give its entries hit cells: the buffer's index
 /// of them, the owner their releases call back, the buffer's clock, and
 /// the shard's own number.
 pub(crate) struct Cells<K, V> {
     pub index: Arc<HitIndex<K, V>>,
-    pub owner: Weak<dyn PinOwner<V>>,
-    pub ticks: Arc<Ticks>,
     pub shard: u32,
     /// At most this many of the shard's entries keep a cell (beyond it,
     /// the least recently hit give theirs up: `cells::Retire`); 0 gives
@@ -122,7 +119,7 @@ pub(crate) struct Shard<K, V> {
     cells: Cells<K, V>,
     /// The entries with a cell, oldest first, for keeping them within
     /// `cells.budget`.
-    retire: cells::Retire<V>,
+    retire: cells::Retire<K, V>,
     /// The newest tick an entry was relinked at by a hit's release
     /// (eviction moving it up), since the last [`Shard::take_repaired`]:
     /// the buffer raises the shard's clock to it, so later links come
@@ -153,17 +150,22 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
     #[cfg(test)]
     pub(crate) fn new() -> Self
     where
-        K: 'static,
-        V: 'static,
+        K: Send + Sync + 'static,
+        V: Send + Sync + 'static,
     {
         let hash = KeyHash::new();
+        use crate::buffer::pinned::PinOwner;
+        use std::sync::Weak;
         let owner: Weak<dyn PinOwner<V>> = Weak::<tests::NoOwner>::new();
         Self::new_in(
             hash,
             Cells {
-                index: Arc::new(HitIndex::new(hash)),
-                owner,
-                ticks: Arc::new(Ticks::new()),
+                index: Arc::new(HitIndex::new(
+                    hash,
+                    1,
+                    owner,
+                    Arc::new(crate::buffer::tick::Ticks::new()),
+                )),
                 shard: 0,
                 budget: usize::MAX,
             },
@@ -329,11 +331,11 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
     /// Take `idx` off its list, if it is on one; its cell closes, and pins
     /// held through it become the entry's lease (one pin). Returns the
     /// cell it closed.
-    fn unlink(&mut self, idx: u32) -> Option<Arc<HitCell<V>>> {
+    fn unlink(&mut self, idx: u32) -> Option<CellRef<K, V>> {
         self.node(idx).list?;
         self.lists.unlink(&mut self.slab, idx);
         let cell = self.cell(idx)?;
-        if HitCell::close(&cell) > 0 {
+        if cell.close() > 0 {
             let d = self.node_mut(idx).pin();
             self.add(d);
         }
@@ -341,7 +343,7 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
     }
 
     /// The hit cell of `idx`, if it has one.
-    fn cell(&self, idx: u32) -> Option<Arc<HitCell<V>>> {
+    fn cell(&self, idx: u32) -> Option<CellRef<K, V>> {
         let n = self.node(idx);
         if !n.celled() {
             return None;
@@ -640,7 +642,10 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         if self.live(at).is_none() {
             drop(cell.take_value());
         }
-        self.unpin(at.slot, at.version, consume, target, tick)
+        let freed = self.unpin(at.slot, at.version, consume, target, tick);
+        // A cell taken out of the index while leased is free from now.
+        self.cells.index.lease_ended(cell);
+        freed
     }
 
     /// A holder of a pin of `cell` consumed it: that pin goes, and the

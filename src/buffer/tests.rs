@@ -282,6 +282,7 @@ fn every_eviction_is_the_one_the_rule_picks() {
         for k in on_disk(&b) {
             got.remove(&k);
         }
+        b.validate().unwrap();
         assert_eq!(got, want, "step {step}: keys in memory");
         let s = b.stats();
         (clean_picks, dirty_picks) = (s.clean_evictions_total, s.spill_count_total);

@@ -76,18 +76,35 @@ mod unit {
         }
     }
 
-    /// A closed cell holding `VALUE`, owned by a fresh recorder.
-    fn fixture() -> (Arc<Recorder>, Arc<Ticks>, HitCell<u64>) {
+    /// What the test cells live in: a lease holds a count of it.
+    struct TestPool;
+
+    /// A closed cell holding `VALUE`, owned by a fresh recorder, living in
+    /// the returned pool.
+    fn fixture() -> (Arc<Recorder>, Arc<Ticks>, HitCell<u64>, Arc<dyn Life>) {
         let owner = Arc::new(Recorder::default());
         let ticks = Arc::new(Ticks::new());
+        let life: Arc<dyn Life> = Arc::new(TestPool);
         let weak: Weak<dyn PinOwner<u64>> = Arc::downgrade(&owner) as _;
-        let cell = HitCell::new(Arc::new(VALUE), weak, Arc::clone(&ticks), at(1));
-        (owner, ticks, cell)
+        let cell = HitCell::new(weak, Arc::clone(&ticks), &life);
+        cell.assign(Arc::new(VALUE), at(1));
+        (owner, ticks, cell, life)
+    }
+
+    /// An index of one shard, whose cells call back `owner`.
+    fn index_for(owner: &Arc<Recorder>, ticks: &Arc<Ticks>) -> HitIndex<u64, u64> {
+        let weak: Weak<dyn PinOwner<u64>> = Arc::downgrade(owner) as _;
+        HitIndex::new(KeyHash::new(), 1, weak, Arc::clone(ticks))
+    }
+
+    /// A hit on `key` through `index`.
+    fn hit(index: &HitIndex<u64, u64>, key: u64) -> Option<CellPin<u64>> {
+        index.pin(index.hash_of(&key), &key)
     }
 
     #[test]
     fn a_closed_cell_refuses_hits() {
-        let (owner, ticks, cell) = fixture();
+        let (owner, ticks, cell, _life) = fixture();
         // New cells are closed.
         assert!(!cell.is_open());
         assert!(!cell.try_pin(), "a new (closed) cell was pinned");
@@ -104,7 +121,7 @@ mod unit {
 
     #[test]
     fn an_open_cell_pins_and_release_is_done() {
-        let (owner, ticks, cell) = fixture();
+        let (owner, ticks, cell, _life) = fixture();
         cell.open(ticks.next(0));
         assert!(cell.is_open());
         assert!(cell.try_pin());
@@ -126,7 +143,7 @@ mod unit {
 
     #[test]
     fn closing_a_pinned_cell_leases_until_the_last_release() {
-        let (owner, ticks, cell) = fixture();
+        let (owner, ticks, cell, _life) = fixture();
         cell.open(ticks.next(0));
         for _ in 0..3 {
             assert!(cell.try_pin());
@@ -161,7 +178,7 @@ mod unit {
 
     #[test]
     fn closing_an_unpinned_cell_leaves_it_idle() {
-        let (_owner, ticks, cell) = fixture();
+        let (_owner, ticks, cell, _life) = fixture();
         cell.open(ticks.next(0));
         // Pins that come and go before the close leave nothing.
         assert!(cell.try_pin());
@@ -174,7 +191,7 @@ mod unit {
 
     #[test]
     fn release_stores_a_tick_newer_than_the_open() {
-        let (_owner, ticks, cell) = fixture();
+        let (_owner, ticks, cell, _life) = fixture();
         let opened = ticks.next(0);
         cell.open(opened);
         assert_eq!(cell.last_use(), opened, "open stores its tick");
@@ -196,7 +213,7 @@ mod unit {
 
     #[test]
     fn a_consumed_release_records_no_use() {
-        let (_owner, ticks, cell) = fixture();
+        let (_owner, ticks, cell, _life) = fixture();
         let opened = ticks.next(0);
         cell.open(opened);
         assert!(cell.try_pin());
@@ -213,7 +230,7 @@ mod unit {
 
     #[test]
     fn repin_adds_a_pin_that_needs_its_own_release() {
-        let (_owner, ticks, cell) = fixture();
+        let (_owner, ticks, cell, _life) = fixture();
         cell.open(ticks.next(0));
         assert!(cell.try_pin());
         cell.repin();
@@ -247,7 +264,7 @@ mod unit {
 
     #[test]
     fn take_value_only_from_a_closed_idle_cell_and_once() {
-        let (_owner, ticks, cell) = fixture();
+        let (_owner, ticks, cell, _life) = fixture();
         cell.open(ticks.next(0));
         assert!(
             cell.take_value().is_none(),
@@ -268,14 +285,14 @@ mod unit {
         assert_eq!(Arc::strong_count(&value), 1);
 
         // A cell never opened is closed and idle: its value can go.
-        let (_owner, _ticks, fresh) = fixture();
+        let (_owner, _ticks, fresh, _life_fresh) = fixture();
         assert_eq!(fresh.take_value().as_deref(), Some(&VALUE));
         assert!(fresh.take_value().is_none());
     }
 
     #[test]
     fn owner_and_place() {
-        let (owner, _ticks, cell) = fixture();
+        let (owner, _ticks, cell, _life) = fixture();
         assert_eq!(cell.at(), at(1));
         assert!(cell.owner().is_some());
         drop(owner);
@@ -284,23 +301,22 @@ mod unit {
 
     #[test]
     fn guards_of_a_cell_end_the_lease_through_the_owner() {
-        let (owner, ticks, cell) = fixture();
-        let cell = Arc::new(cell);
+        let (owner, ticks, cell, life) = fixture();
         cell.open(ticks.next(0));
         assert!(cell.try_pin());
-        // SAFETY: pinned while `cell` holds the cell.
+        // SAFETY: pinned while `cell` lives.
         let guard = Pinned::of_cell(unsafe { CellPin::taken(&cell) });
         let clone = guard.clone();
         assert_eq!(cell.pins(), 2, "a cloned guard did not repin the cell");
         assert_eq!(*guard, VALUE);
-        assert_eq!(HitCell::close(&cell), 2);
-        assert_eq!(Arc::strong_count(&cell), 2, "the lease holds the cell");
+        assert_eq!(cell.close(), 2);
+        assert_eq!(Arc::strong_count(&life), 2, "the lease holds the pool");
         drop(clone);
         assert_eq!(owner.calls.lock().unwrap().end_lease, 0);
         drop(guard);
         assert_eq!(owner.calls.lock().unwrap().end_lease, 1);
         assert!(cell.is_idle());
-        assert_eq!(Arc::strong_count(&cell), 1, "the lease's end let go");
+        assert_eq!(Arc::strong_count(&life), 1, "the lease's end let go");
 
         // Consuming goes through the owner, which releases the pin.
         cell.open(ticks.next(0));
@@ -309,94 +325,208 @@ mod unit {
         Pinned::of_cell(unsafe { CellPin::taken(&cell) }).consume();
         assert_eq!(owner.calls.lock().unwrap().consume, 1);
         assert_eq!(cell.pins(), 0);
-        assert_eq!(Arc::strong_count(&cell), 1);
+        assert_eq!(Arc::strong_count(&life), 1);
 
         // With the buffer gone, the last release of a lease does nothing
         // but release, and give the lease's count back.
         assert!(cell.try_pin());
         // SAFETY: as above.
         let guard = Pinned::of_cell(unsafe { CellPin::taken(&cell) });
-        assert_eq!(HitCell::close(&cell), 1);
+        assert_eq!(cell.close(), 1);
         drop(owner);
         assert_eq!(*guard, VALUE);
         drop(guard);
         assert!(cell.is_idle());
-        assert_eq!(Arc::strong_count(&cell), 1);
+        assert_eq!(Arc::strong_count(&life), 1);
     }
 
-    /// A guard holds its cell by the pin: with every other count gone,
-    /// the cell (and the value in it) lives until the guard's release
+    /// A pin abandoned (taken on another key's cell) records no use, and
+    /// ends a lease it was the last pin of.
+    #[test]
+    fn an_abandoned_pin_records_no_use_but_ends_its_lease() {
+        let (owner, ticks, cell, life) = fixture();
+        cell.open(7);
+        assert!(cell.try_pin());
+        // SAFETY: pinned while `cell` lives.
+        unsafe { CellPin::taken(&cell) }.abandon();
+        assert_eq!(cell.last_use(), 7, "an abandoned pin recorded a use");
+        assert_eq!(cell.pins(), 0);
+        assert!(cell.try_pin());
+        assert_eq!(cell.close(), 1);
+        assert_eq!(Arc::strong_count(&life), 2);
+        // SAFETY: as above.
+        unsafe { CellPin::taken(&cell) }.abandon();
+        assert_eq!(owner.calls.lock().unwrap().end_lease, 1);
+        assert!(cell.is_idle());
+        assert_eq!(Arc::strong_count(&life), 1, "the lease's count was kept");
+        drop(ticks);
+    }
+
+    /// A guard holds its cell by the pin: with the index gone, the cell's
+    /// pool (and the value in the cell) lives until the guard's release
     /// ends the lease, and goes then.
     #[test]
     fn a_leased_cell_lives_exactly_as_long_as_its_pins() {
-        let (_owner, ticks, cell) = fixture();
-        let value = Arc::downgrade(cell.value());
-        let cell = Arc::new(cell);
-        let index = HitIndex::new(KeyHash::new());
-        assert!(index.publish(5u64, Arc::clone(&cell)));
+        let owner = Arc::new(Recorder::default());
+        let ticks = Arc::new(Ticks::new());
+        let index = index_for(&owner, &ticks);
+        let value = Arc::new(VALUE);
+        let weak_value = Arc::downgrade(&value);
+        let cell = index.give(5, value, at(1));
         cell.open(ticks.next(0));
-        let guard = Pinned::of_cell(index.pin(&5u64).expect("an open cell pins"));
+        let guard = Pinned::of_cell(hit(&index, 5).expect("an open cell pins"));
         let clone = guard.clone();
-        // The shard closes it (leased), takes it out of the index and lets
-        // go of its own handle: only the lease holds it now.
-        assert_eq!(HitCell::close(&cell), 2);
-        index.withdraw(&5);
+        // The shard closes it (leased) and takes it out of the index; the
+        // index goes: only the lease holds the cell now.
+        assert_eq!(cell.close(), 2);
+        index.withdraw(cell);
         drop(index);
-        drop(cell);
         assert_eq!(*guard, VALUE);
         drop(guard);
         assert_eq!(*clone, VALUE, "the cell went with a pin left");
-        assert!(value.upgrade().is_some());
+        assert!(weak_value.upgrade().is_some());
         drop(clone);
-        assert!(value.upgrade().is_none(), "the cell outlived its pins");
+        assert!(weak_value.upgrade().is_none(), "the cell outlived its pins");
     }
 
     /// The buffer gone with hits pinned on open cells: the index closes
-    /// them, and each lives until its last pin goes.
+    /// them, and each lives until its last pin goes; the values of cells
+    /// with no pin go at once.
     #[test]
     fn a_dropped_index_leaves_pinned_cells_to_their_pins() {
-        let (_owner, ticks, cell) = fixture();
-        let (_owner2, _, idle) = fixture();
-        let value = Arc::downgrade(cell.value());
-        let idle_value = Arc::downgrade(idle.value());
-        let index = HitIndex::new(KeyHash::new());
-        assert!(index.publish(5u64, Arc::new(cell)));
-        assert!(index.publish(6u64, Arc::new(idle)));
-        index.get(&5).unwrap().open(ticks.next(0));
-        index.get(&6).unwrap().open(ticks.next(0));
-        let guard = Pinned::of_cell(index.pin(&5u64).expect("an open cell pins"));
+        let owner = Arc::new(Recorder::default());
+        let ticks = Arc::new(Ticks::new());
+        let index = index_for(&owner, &ticks);
+        let (value, idle_value) = (Arc::new(VALUE), Arc::new(VALUE + 1));
+        let (weak, idle_weak) = (Arc::downgrade(&value), Arc::downgrade(&idle_value));
+        index.give(5, value, at(1)).open(ticks.next(0));
+        index.give(6, idle_value, at(2)).open(ticks.next(0));
+        let guard = Pinned::of_cell(hit(&index, 5).expect("an open cell pins"));
         drop(index);
-        assert!(idle_value.upgrade().is_none(), "an unpinned cell was kept");
+        assert!(
+            idle_weak.upgrade().is_none(),
+            "an unpinned cell's value was kept"
+        );
         assert_eq!(*guard, VALUE);
-        assert!(value.upgrade().is_some());
+        assert!(weak.upgrade().is_some());
         drop(guard);
-        assert!(value.upgrade().is_none(), "the cell outlived its pins");
+        assert!(weak.upgrade().is_none(), "the cell outlived its pins");
     }
 
     #[test]
-    fn the_index_pins_only_open_cells() {
-        let (_owner, ticks, cell) = fixture();
-        let cell = Arc::new(cell);
-        let index = HitIndex::new(KeyHash::new());
-        assert!(index.pin(&5u64).is_none());
-        assert!(index.publish(5u64, Arc::clone(&cell)));
+    fn the_index_pins_only_open_cells_of_their_key() {
+        let owner = Arc::new(Recorder::default());
+        let ticks = Arc::new(Ticks::new());
+        let index = index_for(&owner, &ticks);
+        assert!(hit(&index, 5).is_none());
+        let cell = index.give(5, Arc::new(VALUE), at(1));
         assert_eq!(index.len(), 1);
-        assert!(index.pin(&5u64).is_none(), "pinned a closed cell");
+        assert!(hit(&index, 5).is_none(), "pinned a closed cell");
         cell.open(ticks.next(0));
-        let pinned = index.pin(&5u64).expect("an open cell pins");
+        let pinned = hit(&index, 5).expect("an open cell pins");
         assert!(std::ptr::eq(pinned.cell(), &*cell));
         assert_eq!(cell.pins(), 1);
-        assert!(index.pin(&6u64).is_none());
+        assert!(hit(&index, 6).is_none());
         pinned.release(false);
         assert_eq!(cell.pins(), 0);
-        assert_eq!(Arc::strong_count(&cell), 2, "a hit wrote a count");
-        assert!(Arc::ptr_eq(&index.get(&5).unwrap(), &cell));
+        assert!(index.get(&5).unwrap().same(&cell));
         assert_eq!(cell.close_word(), 0);
-        assert!(index.pin(&5u64).is_none());
-        index.withdraw(&5);
+        assert!(hit(&index, 5).is_none());
+        index.withdraw(cell);
         assert!(index.get(&5).is_none());
+        assert!(hit(&index, 5).is_none());
         assert_eq!(index.len(), 0);
         assert_eq!(cell.pins(), 0);
+    }
+
+    /// A place whose cell was taken out is given to the next key, as a new
+    /// gift; a hit on the old key, even through the old slot, never pins
+    /// the new key's cell.
+    #[test]
+    fn places_are_given_again_and_never_pin_for_their_old_key() {
+        let owner = Arc::new(Recorder::default());
+        let ticks = Arc::new(Ticks::new());
+        let index = index_for(&owner, &ticks);
+        let old = index.give(5, Arc::new(VALUE), at(1));
+        let gen = old.gen();
+        old.open(ticks.next(0));
+        assert!(old.retire());
+        index.withdraw(old);
+        let new = index.give(6, Arc::new(VALUE + 1), at(2));
+        assert!(new.same(&old), "a free place was not given again");
+        assert_eq!(new.gen(), gen + 1);
+        new.open(ticks.next(0));
+        let opened = new.last_use();
+        assert!(hit(&index, 5).is_none(), "a hit on the old key pinned");
+        // The old key's slot, as a hit that read the table before the
+        // place was given again finds it: the key tells them apart.
+        assert!(new.place_pin(&5).is_none(), "pinned another key's cell");
+        assert_eq!(new.pins(), 0, "the wrong key's pin was kept");
+        assert_eq!(new.last_use(), opened, "the wrong key's pin was a use");
+        let pinned = hit(&index, 6).expect("the new key pins");
+        assert_eq!(**pinned.cell().value(), VALUE + 1);
+        assert_eq!(pinned.cell().at(), at(2));
+        pinned.release(false);
+    }
+
+    /// A cell taken out of the index while leased keeps its place until
+    /// the lease ends; then the place is given again.
+    #[test]
+    fn a_leased_place_is_given_again_only_after_its_lease() {
+        let owner = Arc::new(Recorder::default());
+        let ticks = Arc::new(Ticks::new());
+        let index = index_for(&owner, &ticks);
+        let cell = index.give(5, Arc::new(VALUE), at(1));
+        cell.open(ticks.next(0));
+        let pin = hit(&index, 5).expect("an open cell pins");
+        assert_eq!(cell.close(), 1);
+        index.withdraw(cell);
+        let other = index.give(6, Arc::new(VALUE + 1), at(2));
+        assert!(!other.same(&cell), "a leased place was given again");
+        pin.release(false);
+        assert_eq!(owner.calls.lock().unwrap().end_lease, 1);
+        // The owner (here a recorder) gives the lease back under the lock:
+        index.lease_ended(&cell);
+        let again = index.give(7, Arc::new(VALUE + 2), at(3));
+        assert!(again.same(&cell), "a place whose lease ended stayed out");
+        assert_eq!(index.len(), 2);
+    }
+
+    /// Many keys in one table, grown several times, and taken out in an
+    /// order that shifts places back across each other: every key left
+    /// still pins, and none taken out does.
+    #[test]
+    fn the_table_grows_and_shifts_back_without_losing_keys() {
+        let owner = Arc::new(Recorder::default());
+        let ticks = Arc::new(Ticks::new());
+        let index = index_for(&owner, &ticks);
+        let n = 300u64;
+        let cells: Vec<_> = (0..n)
+            .map(|k| {
+                let cell = index.give(k, Arc::new(k), at(k));
+                cell.open(ticks.next(0));
+                cell
+            })
+            .collect();
+        assert_eq!(index.len(), n as usize);
+        // Every third key, then every other of the rest.
+        let gone: Vec<u64> = (0..n).filter(|k| k % 3 == 0 || k % 7 == 1).collect();
+        for &k in &gone {
+            let cell = cells[k as usize];
+            assert!(cell.retire());
+            index.withdraw(cell);
+        }
+        for k in 0..n {
+            let pinned = hit(&index, k);
+            if gone.contains(&k) {
+                assert!(pinned.is_none(), "key {k} pinned after it went");
+            } else {
+                let pinned = pinned.unwrap_or_else(|| panic!("key {k} lost"));
+                assert_eq!(**pinned.cell().value(), k);
+                pinned.release(false);
+            }
+        }
+        assert_eq!(index.len(), (n as usize) - gone.len());
     }
 
     /// The stand-in shard's books for the stress test.
@@ -476,7 +606,9 @@ mod unit {
             ticks: Arc::clone(&ticks),
         });
         let weak: Weak<dyn PinOwner<u64>> = Arc::downgrade(&shard) as _;
-        let cell = HitCell::new(Arc::new(VALUE), weak, Arc::clone(&ticks), at(1));
+        let life: Arc<dyn Life> = Arc::new(TestPool);
+        let cell = HitCell::new(weak, Arc::clone(&ticks), &life);
+        cell.assign(Arc::new(VALUE), at(1));
         {
             let mut books = shard.books.lock().unwrap();
             cell.open(ticks.next(0));
@@ -578,6 +710,7 @@ mod unit {
 #[cfg(shuttle)]
 mod schedules {
     use super::*;
+    use crate::buffer::hash::KeyHash;
     use shuttle::sync::Mutex;
     use shuttle::thread;
 
@@ -621,6 +754,9 @@ mod schedules {
     struct Shard {
         models: Arc<Mutex<Vec<Model>>>,
         ticks: Arc<Ticks>,
+        /// What the cells live in (the schedules close with `close_word`,
+        /// so no lease takes a count of it).
+        life: Arc<dyn Life>,
     }
 
     impl Shard {
@@ -630,18 +766,16 @@ mod schedules {
                     (0..versions).map(|_| Model::default()).collect(),
                 )),
                 ticks: Arc::new(Ticks::new()),
+                life: Arc::new(()),
             })
         }
 
         /// A new, closed cell for `version`, holding `value`.
         fn cell_with(self: &Arc<Self>, version: u64, value: Arc<u64>) -> Arc<HitCell<u64>> {
             let weak: Weak<dyn PinOwner<u64>> = Arc::downgrade(self) as _;
-            Arc::new(HitCell::new(
-                value,
-                weak,
-                Arc::clone(&self.ticks),
-                at(version),
-            ))
+            let cell = HitCell::new(weak, Arc::clone(&self.ticks), &self.life);
+            cell.assign(value, at(version));
+            Arc::new(cell)
         }
 
         fn cell(self: &Arc<Self>, version: u64) -> Arc<HitCell<u64>> {
@@ -1152,5 +1286,93 @@ mod schedules {
     #[test]
     fn schedules_pin_vs_retire() {
         explore(pin_vs_retire);
+    }
+
+    /// (g) A hit racing its key's place given to another key: the shard
+    /// retires key 5's cell and gives its place to key 6, while one hitter
+    /// looks up 5 and another 6 through the index. A hit never holds
+    /// another key's cell: on 5 it gets version 0's value, on 6 version
+    /// 1's; a pin taken on the place for the wrong key is given back, and
+    /// no pin is left.
+    fn hit_vs_place_given_again() {
+        let shard = Shard::new(2);
+        let models = Arc::clone(&shard.models);
+        let weak: Weak<dyn PinOwner<u64>> = Arc::downgrade(&shard) as _;
+        let index = Arc::new(HitIndex::<u64, u64>::new(
+            KeyHash::new(),
+            1,
+            weak,
+            Arc::clone(&shard.ticks),
+        ));
+        let first = index.give(5, Arc::new(value_of(0)), at(0));
+        shard.link(&first);
+        let hitters: Vec<_> = [(5u64, 0u64), (6, 1)]
+            .into_iter()
+            .map(|(key, version)| {
+                let index = Arc::clone(&index);
+                thread::spawn(move || {
+                    let mut hits = 0;
+                    for _ in 0..2 {
+                        let Some(pin) = index.pin(index.hash_of(&key), &key) else {
+                            continue;
+                        };
+                        hits += 1;
+                        let cell = pin.cell();
+                        assert_eq!(cell.at().version, version, "key {key}: another key's cell");
+                        assert_eq!(**cell.value(), value_of(version));
+                        thread::yield_now();
+                        assert_eq!(**cell.value(), value_of(version), "a pinned value changed");
+                        pin.release(false);
+                    }
+                    hits
+                })
+            })
+            .collect();
+        let giver = {
+            let (models, index) = (Arc::clone(&models), Arc::clone(&index));
+            thread::spawn(move || {
+                for _ in 0..2 {
+                    let mut models = models.lock().unwrap();
+                    if first.retire() {
+                        models[0].retired = true;
+                        index.withdraw(first);
+                        let second = index.give(6, Arc::new(value_of(1)), at(1));
+                        assert!(second.same(&first), "the free place was not given again");
+                        second.open(1);
+                        models[1].linked = true;
+                        return Some(second);
+                    }
+                    drop(models);
+                    thread::yield_now();
+                }
+                None
+            })
+        };
+        let hits: u32 = hitters.into_iter().map(|h| h.join().unwrap()).sum();
+        let given = giver.join().unwrap();
+        assert_eq!(first.pins(), 0, "pins left ({hits} hits)");
+        assert!(!first.is_leased());
+        let hit = |key: u64| index.pin(index.hash_of(&key), &key);
+        match given {
+            Some(second) => {
+                assert!(second.is_open());
+                assert!(hit(5).is_none(), "the old key pins the given place");
+                let pin = hit(6).expect("the new key pins");
+                assert_eq!(**pin.cell().value(), value_of(1));
+                pin.release(false);
+            }
+            None => {
+                assert!(first.is_open());
+                let pin = hit(5).expect("the key kept its cell");
+                assert_eq!(**pin.cell().value(), value_of(0));
+                pin.release(false);
+                assert!(hit(6).is_none());
+            }
+        }
+    }
+
+    #[test]
+    fn schedules_hit_vs_place_given_again() {
+        explore(hit_vs_place_given_again);
     }
 }

@@ -3,36 +3,42 @@
 //! memory, unless the shard has more cells than its budget. Then the
 //! cells not hit for longest are retired (closed and taken out of the
 //! index; their entries' next pin takes the shard's path and gives them a
-//! cell again), so that the memory cells take (about 166 bytes each, with
-//! their place in the index) stays bounded however many keys were ever
-//! pinned.
+//! cell again), so that the memory cells take (their places in the index)
+//! stays bounded however many keys were ever pinned.
 //!
 //! Which cell goes is decided by a queue of the cells given, oldest first,
 //! each with its `last_use` when it was queued: a cell released since
 //! (its `last_use` changed: ticks of different threads' releases are not
 //! ordered, so it is compared for a change, not for being newer) is
-//! queued again rather than retired, and so is one pinned now. A cell taken back for another reason (its value left
-//! memory, its entry went) leaves a stale place in the queue, skipped when
-//! it comes up and dropped when stale places outnumber live ones.
+//! queued again rather than retired, and so is one pinned now. A cell
+//! taken back for another reason (its value left memory, its entry went)
+//! leaves a stale place in the queue, skipped when it comes up and dropped
+//! when stale places outnumber live ones.
 
 use super::Shard;
-use crate::buffer::cell::HitCell;
+use crate::buffer::cell::CellRef;
 use crate::buffer::pinned::PinAt;
 use std::collections::VecDeque;
 use std::hash::Hash;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
-/// The cells a shard gave, oldest first (see the module docs).
-pub(crate) struct Retire<V> {
-    /// Entries with a cell.
-    count: usize,
-    /// (slot, its cell, its `last_use` when queued). The `Weak` tells a cell from a
-    /// later one of the same slot, and keeps its address from being
-    /// reused while it is queued.
-    queue: VecDeque<(u32, Weak<HitCell<V>>, u64)>,
+/// A queued cell: its entry's slot, the cell, which gift of its place it
+/// was, and its `last_use` when queued.
+struct Queued<K, V> {
+    slot: u32,
+    cell: CellRef<K, V>,
+    gen: u64,
+    last_use: u64,
 }
 
-impl<V> Default for Retire<V> {
+/// The cells a shard gave, oldest first (see the module docs).
+pub(crate) struct Retire<K, V> {
+    /// Entries with a cell.
+    count: usize,
+    queue: VecDeque<Queued<K, V>>,
+}
+
+impl<K, V> Default for Retire<K, V> {
     fn default() -> Self {
         Retire {
             count: 0,
@@ -41,7 +47,7 @@ impl<V> Default for Retire<V> {
     }
 }
 
-impl<V> Retire<V> {
+impl<K, V> Retire<K, V> {
     /// Entries with a cell.
     #[cfg(any(test, feature = "testing"))]
     pub(crate) fn count(&self) -> usize {
@@ -50,6 +56,16 @@ impl<V> Retire<V> {
 }
 
 impl<K: Hash + Eq + Clone, V> Shard<K, V> {
+    /// Whether `q` is still the cell of its slot's entry.
+    fn current(&self, q: &Queued<K, V>) -> bool {
+        match self.slab.get(q.slot as usize) {
+            Some(Some(n)) if n.celled() => {}
+            _ => return false,
+        }
+        self.cell(q.slot)
+            .is_some_and(|cell| cell.same(&q.cell) && cell.gen() == q.gen)
+    }
+
     /// Give `idx` (resident, about to be linked at `tick`) a hit cell if it
     /// has none: the next hits on it take no lock. [`Shard::trim_cells`]
     /// then keeps the shard within its budget.
@@ -66,19 +82,15 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
             slot: idx,
             version: n.version,
         };
-        let cell = Arc::new(HitCell::new(
-            Arc::clone(value),
-            self.cells.owner.clone(),
-            Arc::clone(&self.cells.ticks),
-            at,
-        ));
-        let key = n.key.clone();
-        let weak = Arc::downgrade(&cell);
-        if self.cells.index.publish(key, cell) {
-            self.node_mut(idx).set_celled(true);
-            self.retire.count += 1;
-            self.retire.queue.push_back((idx, weak, tick));
-        }
+        let cell = self.cells.index.give(n.key.clone(), Arc::clone(value), at);
+        self.node_mut(idx).set_celled(true);
+        self.retire.count += 1;
+        self.retire.queue.push_back(Queued {
+            slot: idx,
+            cell,
+            gen: cell.gen(),
+            last_use: tick,
+        });
     }
 
     /// `idx`'s value is leaving memory, or the entry the index, or its
@@ -88,10 +100,9 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
     /// the last handle.
     pub(super) fn drop_cell(&mut self, idx: u32) {
         let Some(cell) = self.cell(idx) else { return };
-        self.cells.index.withdraw(&self.node(idx).key);
+        self.cells.index.withdraw(cell);
         self.node_mut(idx).set_celled(false);
         self.retire.count -= 1;
-        drop(cell.take_value());
     }
 
     /// Retire cells, oldest first, until the shard is within its budget:
@@ -102,34 +113,25 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         let mut tries = 2 * self.retire.queue.len();
         while self.retire.count > self.cells.budget && tries > 0 {
             tries -= 1;
-            let Some((idx, weak, queued)) = self.retire.queue.pop_front() else {
+            let Some(mut q) = self.retire.queue.pop_front() else {
                 break;
             };
-            let Some(cell) = self.current_cell(idx, &weak) else {
-                continue;
-            };
-            let used = cell.last_use();
-            if used != queued || !cell.retire() {
-                self.retire.queue.push_back((idx, weak, used));
+            if !self.current(&q) {
                 continue;
             }
-            self.drop_cell(idx);
+            let used = q.cell.last_use();
+            if used != q.last_use || !q.cell.retire() {
+                q.last_use = used;
+                self.retire.queue.push_back(q);
+                continue;
+            }
+            self.drop_cell(q.slot);
         }
         let live = self.retire.count;
         if self.retire.queue.len() > 2 * live + 64 {
             let mut queue = std::mem::take(&mut self.retire.queue);
-            queue.retain(|(idx, weak, _)| self.current_cell(*idx, weak).is_some());
+            queue.retain(|q| self.current(q));
             self.retire.queue = queue;
         }
-    }
-
-    /// The cell of slot `idx`, if it is still the one `weak` was taken of.
-    fn current_cell(&self, idx: u32, weak: &Weak<HitCell<V>>) -> Option<Arc<HitCell<V>>> {
-        match self.slab.get(idx as usize) {
-            Some(Some(n)) if n.celled() => {}
-            _ => return None,
-        }
-        self.cell(idx)
-            .filter(|cell| std::ptr::eq(Arc::as_ptr(cell), weak.as_ptr()))
     }
 }

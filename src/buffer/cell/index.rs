@@ -1,0 +1,623 @@
+//! The hit cells' index: per shard, a table of the cells' places, read by
+//! hits without a lock and written only under the shard's lock.
+//!
+//! Every cell lives in a *place* of the index's pool, next to the key it
+//! is for. Places are never freed while the index lives: a place whose
+//! cell is retired or dropped goes on its shard's free list and is given
+//! to the next key that gets a cell. So a hit needs no guard against a
+//! cell freed under it, and cells turning over allocate and free nothing.
+//! A hit may therefore reach a place that was given to another key since
+//! it read the table; it tells so by the key, read once it holds a pin
+//! (the key is written only while the cell is closed and holds no pin),
+//! and then gives the pin back and takes the shard's path.
+//!
+//! A table is open addressing with linear probing on the key's hash, at
+//! most half full, with a byte of each hash beside its slot so that a hit
+//! reads no other key's place; a removal shifts the places after it back,
+//! so the table never fills with deleted slots however many cells turn
+//! over. A
+//! hit that races a removal or a growth may miss a key that is there: it
+//! then takes the shard's path, which is always right. Tables replaced by
+//! larger ones stay until the index goes, as a hit may still be reading
+//! them.
+
+use super::{CellPin, HitCell, Life};
+use crate::buffer::hash::{shard_of, KeyHash};
+use crate::buffer::pinned::{PinAt, PinOwner};
+use crate::buffer::tick::Ticks;
+use parking_lot::Mutex;
+use std::borrow::Borrow;
+use std::cell::UnsafeCell;
+use std::hash::Hash;
+use std::ops::Deref;
+use std::ptr::{self, NonNull};
+use std::sync::{Arc, Weak};
+
+#[cfg(not(all(test, shuttle)))]
+use std::sync::atomic::{
+    AtomicPtr, AtomicU64, AtomicU8,
+    Ordering::{Acquire, Relaxed, Release},
+};
+
+#[cfg(all(test, shuttle))]
+use shuttle::sync::atomic::{
+    AtomicPtr, AtomicU64, AtomicU8,
+    Ordering::{Acquire, Relaxed, Release},
+};
+
+/// Places allocated at a time.
+const CHUNK: usize = 64;
+
+/// Slots of a shard's first table.
+const FIRST_SLOTS: usize = 8;
+
+/// A cell's place: the cell, and the key it is for.
+#[repr(C)]
+struct Place<K, V> {
+    /// First, so that a pointer to the cell is one to its place.
+    cell: HitCell<V>,
+    /// The key's hash, read by hits before they pin.
+    hash: AtomicU64,
+    /// The key. Written under the shard lock while the cell is closed and
+    /// holds no pin; read by holders of a pin and under the lock.
+    key: UnsafeCell<Option<K>>,
+    /// Under the shard lock: in its table. A place taken out while its
+    /// cell is leased goes back to the free list when the lease ends.
+    listed: UnsafeCell<bool>,
+    /// Under the shard lock: how many times the place was given, which
+    /// tells one entry's cell from a later one in the same place.
+    gen: UnsafeCell<u64>,
+}
+
+/// Handles on places: the pool lives as long as any of them can be used.
+/// `CellRef` is the shard's handle on a cell (see its docs).
+///
+/// SAFETY: the non-`Sync` parts of a place (`key`, `listed`, `gen`, and
+/// the cell's own) are written only under the shard lock while no hit
+/// reads them (the cell closed and idle), and read by holders of a pin
+/// or under that lock.
+unsafe impl<K: Send + Sync, V: Send + Sync> Send for Place<K, V> {}
+// SAFETY: as for `Send`.
+unsafe impl<K: Send + Sync, V: Send + Sync> Sync for Place<K, V> {}
+
+impl<K, V> Place<K, V> {
+    /// A pin of the cell if it is open and `key`'s. A pin taken on
+    /// another key's cell (the place was given to it since the table was
+    /// read) is given back.
+    #[inline]
+    fn pin<Q>(&self, key: &Q) -> Option<CellPin<V>>
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        if !self.cell.try_pin() {
+            return None;
+        }
+        // SAFETY: pinned, and the place is the pool's, which outlives
+        // every pin (module docs of `cell`).
+        let pin = unsafe { CellPin::taken(&self.cell) };
+        // SAFETY: pinned: the key is not written until the cell is closed
+        // and idle.
+        let mine = unsafe { &*self.key.get() }
+            .as_ref()
+            .is_some_and(|k| k.borrow() == key);
+        if mine {
+            Some(pin)
+        } else {
+            pin.abandon();
+            None
+        }
+    }
+}
+
+/// Every place of an index, in chunks allocated as shards need them and
+/// freed only when the index and every lease are gone (a lease holds a
+/// count of the pool: `HitCell::close`).
+struct Pool<K, V> {
+    chunks: Mutex<Vec<Chunk<K, V>>>,
+}
+
+/// A chunk of places, allocated as a boxed slice.
+type Chunk<K, V> = NonNull<[Place<K, V>]>;
+
+// SAFETY: the chunks are owned by the pool; places are `Send + Sync`.
+unsafe impl<K: Send + Sync, V: Send + Sync> Send for Pool<K, V> {}
+// SAFETY: as for `Send`.
+unsafe impl<K: Send + Sync, V: Send + Sync> Sync for Pool<K, V> {}
+
+impl<K, V> Pool<K, V> {
+    /// A new chunk of closed, empty places.
+    fn grow(
+        &self,
+        owner: &Weak<dyn PinOwner<V>>,
+        ticks: &Arc<Ticks>,
+        life: &Arc<dyn Life>,
+    ) -> impl Iterator<Item = NonNull<Place<K, V>>> {
+        let chunk: Box<[Place<K, V>]> = (0..CHUNK)
+            .map(|_| Place {
+                cell: HitCell::new(owner.clone(), Arc::clone(ticks), life),
+                hash: AtomicU64::new(0),
+                key: UnsafeCell::new(None),
+                listed: UnsafeCell::new(false),
+                gen: UnsafeCell::new(0),
+            })
+            .collect();
+        // SAFETY: `Box::into_raw` is never null.
+        let chunk = unsafe { NonNull::new_unchecked(Box::into_raw(chunk)) };
+        let first = chunk.cast::<Place<K, V>>();
+        for i in 0..CHUNK {
+            // SAFETY: in bounds of the chunk just allocated, which no one
+            // else can reach yet; the cell is the place's first field.
+            unsafe {
+                let place = first.add(i);
+                HitCell::<V>::set_home(place.cast(), place.cast());
+            }
+        }
+        self.chunks.lock().push(chunk);
+        // SAFETY: in bounds of the chunk just allocated.
+        (0..CHUNK).map(move |i| unsafe { first.add(i) })
+    }
+}
+
+impl<K, V> Drop for Pool<K, V> {
+    fn drop(&mut self) {
+        for chunk in self.chunks.get_mut().drain(..) {
+            // SAFETY: allocated by `grow` with `Box::into_raw`, freed once;
+            // nothing holds a place any more (the index and every lease
+            // are gone).
+            drop(unsafe { Box::from_raw(chunk.as_ptr()) });
+        }
+    }
+}
+
+/// One table's slots: pointers to places, null where empty, and beside
+/// them a byte of each place's hash (its *tag*), 0 where empty. A hit
+/// reads a place only where the tag is its key's: probing past other
+/// keys' places reads no line of theirs (the lines another thread's hits
+/// write).
+struct Slots<K, V> {
+    mask: usize,
+    tags: Box<[AtomicU8]>,
+    slots: Box<[AtomicPtr<Place<K, V>>]>,
+}
+
+/// The tag of a hash: its top byte, never 0.
+#[inline]
+fn tag(hash: u64) -> u8 {
+    ((hash >> 56) as u8) | 1
+}
+
+impl<K, V> Slots<K, V> {
+    fn with_len(len: usize) -> NonNull<Self> {
+        let slots = Box::new(Slots {
+            mask: len - 1,
+            tags: (0..len).map(|_| AtomicU8::new(0)).collect(),
+            slots: (0..len).map(|_| AtomicPtr::new(ptr::null_mut())).collect(),
+        });
+        // SAFETY: `Box::into_raw` is never null.
+        unsafe { NonNull::new_unchecked(Box::into_raw(slots)) }
+    }
+
+    /// Put `place` (of hash `hash`) in the first empty slot of its probe.
+    /// Under the shard lock, with an empty slot left.
+    fn put(&self, hash: u64, place: NonNull<Place<K, V>>) {
+        let mut i = hash as usize & self.mask;
+        while !self.slots[i].load(Relaxed).is_null() {
+            i = (i + 1) & self.mask;
+        }
+        // Release: the place was filled before.
+        self.slots[i].store(place.as_ptr(), Release);
+        self.tags[i].store(tag(hash), Release);
+    }
+
+    /// Take slot `i` out, shifting back the places after it that probed
+    /// past it. Under the shard lock.
+    fn take(&self, mut i: usize) {
+        let mut j = i;
+        loop {
+            j = (j + 1) & self.mask;
+            let q = self.slots[j].load(Relaxed);
+            if q.is_null() {
+                break;
+            }
+            // SAFETY: places in a table are the pool's.
+            let home = unsafe { &*q }.hash.load(Relaxed) as usize & self.mask;
+            // `q` stays if its home lies cyclically in (i, j].
+            let stays = if i <= j {
+                i < home && home <= j
+            } else {
+                i < home || home <= j
+            };
+            if !stays {
+                self.slots[i].store(q, Release);
+                self.tags[i].store(self.tags[j].load(Relaxed), Release);
+                i = j;
+            }
+        }
+        self.tags[i].store(0, Release);
+        self.slots[i].store(ptr::null_mut(), Release);
+    }
+}
+
+/// A shard's table, and its books under the shard lock.
+struct Table<K, V> {
+    /// The current slots, read by hits. Owned by `books`.
+    slots: AtomicPtr<Slots<K, V>>,
+    books: Mutex<Books<K, V>>,
+}
+
+struct Books<K, V> {
+    current: NonNull<Slots<K, V>>,
+    /// Slots replaced by larger ones: a hit may still be reading them.
+    old: Vec<NonNull<Slots<K, V>>>,
+    /// Places in the table.
+    live: usize,
+    /// Places to give, their cells closed and idle, empty.
+    free: Vec<NonNull<Place<K, V>>>,
+}
+
+// SAFETY: the books own their slots; places are the pool's and
+// `Send + Sync`.
+unsafe impl<K: Send + Sync, V: Send + Sync> Send for Books<K, V> {}
+
+impl<K, V> Books<K, V> {
+    fn slots(&self) -> &Slots<K, V> {
+        // SAFETY: owned by the books, freed only when they go.
+        unsafe { self.current.as_ref() }
+    }
+}
+
+impl<K, V> Drop for Books<K, V> {
+    fn drop(&mut self) {
+        for slots in self.old.drain(..).chain([self.current]) {
+            // SAFETY: allocated by `Slots::with_len`, freed once, with the
+            // index (no hit can be reading them).
+            drop(unsafe { Box::from_raw(slots.as_ptr()) });
+        }
+    }
+}
+
+impl<K, V> Table<K, V> {
+    fn new() -> Self {
+        let current = Slots::with_len(FIRST_SLOTS);
+        Table {
+            slots: AtomicPtr::new(current.as_ptr()),
+            books: Mutex::new(Books {
+                current,
+                old: Vec::new(),
+                live: 0,
+                free: Vec::new(),
+            }),
+        }
+    }
+
+    #[inline]
+    fn pin<Q>(&self, hash: u64, key: &Q) -> Option<CellPin<V>>
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        // SAFETY: slots are freed only with the index, which `self`
+        // borrows.
+        let slots = unsafe { &*self.slots.load(Acquire) };
+        let mut i = hash as usize & slots.mask;
+        let want = tag(hash);
+        // Bounded: a table is at most half full, but a hit may be reading
+        // slots that a removal is shifting (a tag and its pointer may then
+        // disagree: the place is checked by its hash, then its key).
+        for _ in 0..=slots.mask {
+            let t = slots.tags[i].load(Acquire);
+            if t == 0 {
+                return None;
+            }
+            if t == want {
+                let place = slots.slots[i].load(Acquire);
+                // SAFETY: a non-null slot points to a place of the pool,
+                // which lives as long as the index.
+                if let Some(place) = unsafe { place.as_ref() } {
+                    if place.hash.load(Relaxed) == hash {
+                        return place.pin(key);
+                    }
+                }
+            }
+            i = (i + 1) & slots.mask;
+        }
+        None
+    }
+}
+
+/// The shard's handle on a cell it gave: the cell, and which gift of its
+/// place it is. Valid as long as the index that gave it (the shard that
+/// holds one holds the index too).
+pub(crate) struct CellRef<K, V> {
+    place: NonNull<Place<K, V>>,
+}
+
+// SAFETY: a handle on a place, which is `Send + Sync` for such `K`, `V`.
+unsafe impl<K: Send + Sync, V: Send + Sync> Send for CellRef<K, V> {}
+// SAFETY: as for `Send`.
+unsafe impl<K: Send + Sync, V: Send + Sync> Sync for CellRef<K, V> {}
+
+impl<K, V> Clone for CellRef<K, V> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<K, V> Copy for CellRef<K, V> {}
+
+impl<K, V> CellRef<K, V> {
+    fn place(&self) -> &Place<K, V> {
+        // SAFETY: the pool outlives the index, which outlives the shard
+        // that holds this handle.
+        unsafe { self.place.as_ref() }
+    }
+
+    /// How many times the place had been given when this cell was: equal
+    /// for the same entry's cell, different for a later one. Under the
+    /// shard lock.
+    pub(crate) fn gen(&self) -> u64 {
+        // SAFETY: written only under the shard lock, which the caller holds.
+        unsafe { *self.place().gen.get() }
+    }
+
+    pub(crate) fn same(&self, other: &Self) -> bool {
+        self.place == other.place
+    }
+
+    /// A hit on this place for `key`, as one that read its slot finds it.
+    #[cfg(test)]
+    pub(crate) fn place_pin<Q>(&self, key: &Q) -> Option<CellPin<V>>
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        self.place().pin(key)
+    }
+}
+
+impl<K, V> Deref for CellRef<K, V> {
+    type Target = HitCell<V>;
+
+    fn deref(&self) -> &HitCell<V> {
+        &self.place().cell
+    }
+}
+
+/// The buffer's hit cells, by key: a table per shard, and the pool of
+/// places. Read without a lock; written only under the lock of the key's
+/// shard.
+pub(crate) struct HitIndex<K, V> {
+    tables: Box<[Table<K, V>]>,
+    hash: KeyHash,
+    pool: Arc<Pool<K, V>>,
+    /// The pool, as the cells hold it.
+    life: Arc<dyn Life>,
+    owner: Weak<dyn PinOwner<V>>,
+    ticks: Arc<Ticks>,
+}
+
+impl<K: Hash + Eq + Send + Sync + 'static, V: Send + Sync + 'static> HitIndex<K, V> {
+    /// An index for `shards` shards (the buffer's split of keys), whose
+    /// cells call back `owner`.
+    pub(crate) fn new(
+        hash: KeyHash,
+        shards: usize,
+        owner: Weak<dyn PinOwner<V>>,
+        ticks: Arc<Ticks>,
+    ) -> Self {
+        let pool = Arc::new(Pool {
+            chunks: Mutex::new(Vec::new()),
+        });
+        HitIndex {
+            tables: (0..shards.max(1)).map(|_| Table::new()).collect(),
+            hash,
+            life: Arc::clone(&pool) as Arc<dyn Life>,
+            pool,
+            owner,
+            ticks,
+        }
+    }
+}
+
+impl<K: Hash + Eq, V> HitIndex<K, V> {
+    fn table(&self, hash: u64) -> &Table<K, V> {
+        &self.tables[shard_of(hash, self.tables.len())]
+    }
+
+    /// Pin `key` (of hash `hash`) through its cell: the pin, or `None` (no
+    /// cell, or closed: take the shard's path).
+    #[inline]
+    pub(crate) fn pin<Q>(&self, hash: u64, key: &Q) -> Option<CellPin<V>>
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        self.table(hash).pin(hash, key)
+    }
+
+    /// The cell of `key`. Under the key's shard lock.
+    pub(crate) fn get(&self, key: &K) -> Option<CellRef<K, V>> {
+        let hash = self.hash.of(key);
+        let books = self.table(hash).books.lock();
+        Self::find(&books, hash, key).map(|(_, place)| CellRef { place })
+    }
+
+    /// The slot and place of `key`. Under the shard lock.
+    fn find(books: &Books<K, V>, hash: u64, key: &K) -> Option<(usize, NonNull<Place<K, V>>)> {
+        let slots = books.slots();
+        let mut i = hash as usize & slots.mask;
+        loop {
+            let place = NonNull::new(slots.slots[i].load(Relaxed))?;
+            // SAFETY: places in a table are the pool's; the key is read
+            // under the shard lock, which every writer of it holds.
+            let p = unsafe { place.as_ref() };
+            if p.hash.load(Relaxed) == hash && unsafe { &*p.key.get() }.as_ref() == Some(key) {
+                return Some((i, place));
+            }
+            i = (i + 1) & slots.mask;
+        }
+    }
+
+    /// Give `key` (which has none) a cell holding `value`, for the entry
+    /// at `at`. The cell is closed: the shard opens it when it links the
+    /// entry. Under the key's shard lock.
+    pub(crate) fn give(&self, key: K, value: Arc<V>, at: PinAt) -> CellRef<K, V> {
+        let hash = self.hash.of(&key);
+        let table = self.table(hash);
+        let mut books = table.books.lock();
+        debug_assert!(
+            Self::find(&books, hash, &key).is_none(),
+            "a key given a second cell"
+        );
+        let place = match books.free.pop() {
+            Some(place) => place,
+            None => {
+                let mut fresh = self.pool.grow(&self.owner, &self.ticks, &self.life);
+                let place = fresh.next().expect("a chunk has places");
+                books.free.extend(fresh);
+                place
+            }
+        };
+        // SAFETY: a free place: closed, idle and out of every table; its
+        // key and books are written under the shard lock, held here.
+        let p = unsafe { place.as_ref() };
+        unsafe {
+            *p.key.get() = Some(key);
+            *p.listed.get() = true;
+            *p.gen.get() += 1;
+        }
+        p.hash.store(hash, Relaxed);
+        p.cell.assign(value, at);
+        if (books.live + 1) * 2 > books.slots().slots.len() {
+            Self::grow(table, &mut books);
+        }
+        books.slots().put(hash, place);
+        books.live += 1;
+        CellRef { place }
+    }
+
+    /// Twice the slots, the places put again; the old slots stay (a hit
+    /// may be reading them).
+    fn grow(table: &Table<K, V>, books: &mut Books<K, V>) {
+        let old = books.current;
+        let len = 2 * books.slots().slots.len();
+        let new = Slots::with_len(len);
+        // SAFETY: just allocated, owned by the books from here.
+        let new_ref = unsafe { new.as_ref() };
+        for slot in books.slots().slots.iter() {
+            if let Some(place) = NonNull::new(slot.load(Relaxed)) {
+                // SAFETY: places in a table are the pool's.
+                new_ref.put(unsafe { place.as_ref() }.hash.load(Relaxed), place);
+            }
+        }
+        books.current = new;
+        books.old.push(old);
+        table.slots.store(new.as_ptr(), Release);
+    }
+
+    /// Take `cell` out of the index: no hit finds it any more. Closed
+    /// already; its place is given again once no lease holds it (now, or
+    /// when the lease ends: [`HitIndex::lease_ended`]). Under the shard
+    /// lock.
+    pub(crate) fn withdraw(&self, cell: CellRef<K, V>) {
+        let p = cell.place();
+        let hash = p.hash.load(Relaxed);
+        let mut books = self.table(hash).books.lock();
+        let slots = books.slots();
+        let mut i = hash as usize & slots.mask;
+        loop {
+            let here = slots.slots[i].load(Relaxed);
+            if here.is_null() {
+                debug_assert!(false, "a listed cell missing from its table");
+                return;
+            }
+            if here == cell.place.as_ptr() {
+                slots.take(i);
+                break;
+            }
+            i = (i + 1) & slots.mask;
+        }
+        books.live -= 1;
+        // SAFETY: under the shard lock.
+        unsafe { *p.listed.get() = false };
+        if !p.cell.is_lent() {
+            Self::free(&mut books, cell.place);
+        }
+    }
+
+    /// The shard took back `cell`'s lease: if its place was taken out of
+    /// the index meanwhile, it is free now. Under the shard lock.
+    pub(crate) fn lease_ended(&self, cell: &HitCell<V>) {
+        if !cell.lease_returned() {
+            return;
+        }
+        // SAFETY: every cell the index hands out lives in a place of its
+        // pool, which set `home`.
+        let place = cell.home().cast::<Place<K, V>>();
+        // SAFETY: places are the pool's; `listed` is read under the lock.
+        let p = unsafe { place.as_ref() };
+        if unsafe { *p.listed.get() } {
+            return;
+        }
+        let mut books = self.table(p.hash.load(Relaxed)).books.lock();
+        Self::free(&mut books, place);
+    }
+
+    /// Empty a place out of every table, closed and idle, and put it on
+    /// the free list.
+    fn free(books: &mut Books<K, V>, place: NonNull<Place<K, V>>) {
+        // SAFETY: places are the pool's; closed and idle, no hit reads the
+        // key or value, and the shard lock is held.
+        let p = unsafe { place.as_ref() };
+        debug_assert!(p.cell.is_idle(), "a place freed while its cell is held");
+        drop(p.cell.take_value());
+        drop(unsafe { (*p.key.get()).take() });
+        books.free.push(place);
+    }
+
+    #[cfg(test)]
+    pub(crate) fn hash_of(&self, key: &K) -> u64 {
+        self.hash.of(key)
+    }
+
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn len(&self) -> usize {
+        self.tables.iter().map(|t| t.books.lock().live).sum()
+    }
+}
+
+impl<K, V> Drop for HitIndex<K, V> {
+    /// Close every cell: pins still held become leases, which hold the
+    /// pool once the index is gone. Cells with no pin give their values
+    /// up now.
+    fn drop(&mut self) {
+        for table in self.tables.iter() {
+            let books = table.books.lock();
+            for slot in books.slots().slots.iter() {
+                let Some(place) = NonNull::new(slot.load(Relaxed)) else {
+                    continue;
+                };
+                // SAFETY: places in a table are the pool's, alive here.
+                let p = unsafe { place.as_ref() };
+                if p.cell.close() == 0 {
+                    drop(p.cell.take_value());
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Place;
+
+    /// `Builder::hit_cells` documents about 160 bytes per cell: the place
+    /// (this) and its share of the table's slots (9 bytes each, 2 to 4
+    /// slots per place).
+    #[test]
+    fn a_place_of_a_u64_key_stays_within_136_bytes() {
+        let size = std::mem::size_of::<Place<u64, Vec<f64>>>();
+        assert!(size <= 136, "{size} bytes per place");
+    }
+}
