@@ -164,7 +164,9 @@ impl<K, V> Builder<K, V> {
     /// (about three times slower) and gives them one again. Each cell
     /// costs about 160 bytes (its place in the index, with the key, and
     /// the place's share of the index's table), so the default bounds
-    /// them at about 2.5 MiB whatever the number of keys;
+    /// them at about 2.5 MiB whatever the number of keys (places are
+    /// kept for the next keys rather than freed, so the index holds the
+    /// most cells it ever had at once until the buffer goes);
     /// raise it if more keys than this are pinned over and over, lower it
     /// (to 0: no cells, every pin takes the lock) to save that memory.
     /// Split evenly over the shards. Defaults to: 16,384.
