@@ -366,7 +366,7 @@ impl<K, V> CellRef<K, V> {
     }
 
     /// A hit on this place for `key`, as one that read its slot finds it.
-    #[cfg(test)]
+    #[cfg(all(test, not(shuttle)))]
     pub(crate) fn place_pin<Q>(&self, key: &Q) -> Option<CellPin<V>>
     where
         K: Borrow<Q>,
