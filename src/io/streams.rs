@@ -86,7 +86,13 @@ impl Streams {
         // is about to exit for want of work as gone, or that thread sees
         // the job just queued.
         fence(SeqCst);
-        if s.rx.len() <= s.waiting.load(SeqCst) || s.live.load(SeqCst) >= MAX_THREADS {
+        // `waiting` before the queue's length: a waiting thread takes the
+        // job off the queue before it counts itself busy, so read in this
+        // order the two never show the job still queued and its taker
+        // already busy, which started a second thread for a job the first
+        // had taken.
+        let waiting = s.waiting.load(SeqCst);
+        if s.rx.len() <= waiting || s.live.load(SeqCst) >= MAX_THREADS {
             return Ok(());
         }
         s.live.fetch_add(1, SeqCst);

@@ -15,11 +15,10 @@
 //! most half full, with a byte of each hash beside its slot so that a hit
 //! reads no other key's place; a removal shifts the places after it back,
 //! so the table never fills with deleted slots however many cells turn
-//! over. A
-//! hit that races a removal or a growth may miss a key that is there: it
-//! then takes the shard's path, which is always right. Tables replaced by
-//! larger ones stay until the index goes, as a hit may still be reading
-//! them.
+//! over. A hit that races a removal or a growth may miss a key that is
+//! there: it then takes the shard's path, which is always right. Tables
+//! replaced by larger ones stay until the index goes, as a hit may still
+//! be reading them.
 
 use super::{CellPin, HitCell, Life};
 use crate::buffer::hash::{shard_of, KeyHash};
