@@ -20,7 +20,7 @@
 //! replaced by larger ones stay until the index goes, as a hit may still
 //! be reading them.
 
-use super::{CellPin, HitCell, Life};
+use super::{CellPin, Common, HitCell, Life};
 use crate::buffer::hash::{shard_of, KeyHash};
 use crate::buffer::pinned::{PinAt, PinOwner};
 use crate::buffer::tick::Ticks;
@@ -51,15 +51,22 @@ const CHUNK: usize = 64;
 const FIRST_SLOTS: usize = 8;
 
 /// A cell's place: the cell, and the key it is for.
-#[repr(C)]
+///
+/// Laid out for the hit path: what a hit reads or writes (the hash, the
+/// key, and the cell's word, tick, value and clock) comes first,
+/// on one cache line for keys of up to 24 bytes; the rest, touched only
+/// under the shard lock, on the next. Aligned to two lines, so a hit
+/// writes no line that holds another place's data (and the lines next to
+/// those it writes, which a core's prefetcher may fetch, are other
+/// places' cold lines, which no hit writes either).
+#[repr(C, align(128))]
 struct Place<K, V> {
-    /// First, so that a pointer to the cell is one to its place.
-    cell: HitCell<V>,
     /// The key's hash, read by hits before they pin.
     hash: AtomicU64,
     /// The key. Written under the shard lock while the cell is closed and
     /// holds no pin; read by holders of a pin and under the lock.
     key: UnsafeCell<Option<K>>,
+    cell: HitCell<V>,
     /// Under the shard lock: in its table. A place taken out while its
     /// cell is leased goes back to the free list when the lease ends.
     listed: UnsafeCell<bool>,
@@ -113,6 +120,8 @@ impl<K, V> Place<K, V> {
 /// freed only when the index and every lease are gone (a lease holds a
 /// count of the pool: `HitCell::close`).
 struct Pool<K, V> {
+    /// What the cells share.
+    common: Common<V>,
     chunks: Mutex<Vec<Chunk<K, V>>>,
 }
 
@@ -126,15 +135,12 @@ unsafe impl<K: Send + Sync, V: Send + Sync> Sync for Pool<K, V> {}
 
 impl<K, V> Pool<K, V> {
     /// A new chunk of closed, empty places.
-    fn grow(
-        &self,
-        owner: &Weak<dyn PinOwner<V>>,
-        ticks: &Arc<Ticks>,
-        life: &Arc<dyn Life>,
-    ) -> impl Iterator<Item = NonNull<Place<K, V>>> {
+    fn grow(&self) -> impl Iterator<Item = NonNull<Place<K, V>>> {
+        let common = NonNull::from(&self.common);
         let chunk: Box<[Place<K, V>]> = (0..CHUNK)
             .map(|_| Place {
-                cell: HitCell::new(owner.clone(), Arc::clone(ticks), life),
+                // SAFETY: `common` lives in the pool, as the cell does.
+                cell: unsafe { HitCell::new(common) },
                 hash: AtomicU64::new(0),
                 key: UnsafeCell::new(None),
                 listed: UnsafeCell::new(false),
@@ -146,10 +152,11 @@ impl<K, V> Pool<K, V> {
         let first = chunk.cast::<Place<K, V>>();
         for i in 0..CHUNK {
             // SAFETY: in bounds of the chunk just allocated, which no one
-            // else can reach yet; the cell is the place's first field.
+            // else can reach yet.
             unsafe {
                 let place = first.add(i);
-                HitCell::<V>::set_home(place.cast(), place.cast());
+                let cell = NonNull::new_unchecked(ptr::addr_of_mut!((*place.as_ptr()).cell));
+                HitCell::<V>::set_home(cell, place.cast());
             }
         }
         self.chunks.lock().push(chunk);
@@ -390,10 +397,6 @@ pub(crate) struct HitIndex<K, V> {
     tables: Box<[Table<K, V>]>,
     hash: KeyHash,
     pool: Arc<Pool<K, V>>,
-    /// The pool, as the cells hold it.
-    life: Arc<dyn Life>,
-    owner: Weak<dyn PinOwner<V>>,
-    ticks: Arc<Ticks>,
 }
 
 impl<K: Hash + Eq + Send + Sync + 'static, V: Send + Sync + 'static> HitIndex<K, V> {
@@ -405,16 +408,15 @@ impl<K: Hash + Eq + Send + Sync + 'static, V: Send + Sync + 'static> HitIndex<K,
         owner: Weak<dyn PinOwner<V>>,
         ticks: Arc<Ticks>,
     ) -> Self {
-        let pool = Arc::new(Pool {
+        let pool = Arc::new_cyclic(|pool: &Weak<Pool<K, V>>| Pool {
+            // SAFETY: the pool holds `common` for its whole life.
+            common: unsafe { Common::new(owner, ticks, pool.as_ptr() as *const dyn Life) },
             chunks: Mutex::new(Vec::new()),
         });
         HitIndex {
             tables: (0..shards.max(1)).map(|_| Table::new()).collect(),
             hash,
-            life: Arc::clone(&pool) as Arc<dyn Life>,
             pool,
-            owner,
-            ticks,
         }
     }
 }
@@ -472,7 +474,7 @@ impl<K: Hash + Eq, V> HitIndex<K, V> {
         let place = match books.free.pop() {
             Some(place) => place,
             None => {
-                let mut fresh = self.pool.grow(&self.owner, &self.ticks, &self.life);
+                let mut fresh = self.pool.grow();
                 let place = fresh.next().expect("a chunk has places");
                 books.free.extend(fresh);
                 place
@@ -611,13 +613,39 @@ impl<K, V> Drop for HitIndex<K, V> {
 #[cfg(all(test, not(shuttle)))]
 mod tests {
     use super::Place;
+    use std::mem::{align_of, offset_of, size_of};
 
     /// `Builder::hit_cells` documents about 160 bytes per cell: the place
     /// (this) and its share of the table's slots (9 bytes each, 2 to 4
-    /// slots per place).
+    /// slots per place). Two cache lines, on a boundary of two.
     #[test]
-    fn a_place_of_a_u64_key_stays_within_136_bytes() {
-        let size = std::mem::size_of::<Place<u64, Vec<f64>>>();
-        assert!(size <= 136, "{size} bytes per place");
+    fn a_place_of_a_u64_key_takes_two_lines() {
+        type P = Place<u64, Vec<f64>>;
+        assert_eq!(size_of::<P>(), 128);
+        assert_eq!(align_of::<P>(), 128);
+    }
+
+    /// What a hit reads and writes lies on the place's first line, for
+    /// keys of up to 24 bytes (three words, or a `String`).
+    #[test]
+    fn a_hit_touches_one_line_of_its_place() {
+        fn hot_end<K>() -> usize {
+            type C = super::HitCell<Vec<f64>>;
+            let cell = offset_of!(Place<K, Vec<f64>>, cell);
+            [
+                offset_of!(Place<K, Vec<f64>>, hash) + 8,
+                offset_of!(Place<K, Vec<f64>>, key) + size_of::<Option<K>>(),
+                cell + offset_of!(C, word) + 8,
+                cell + offset_of!(C, last_use) + 8,
+                cell + offset_of!(C, value) + 8,
+                cell + offset_of!(C, ticks) + 8,
+            ]
+            .into_iter()
+            .max()
+            .unwrap()
+        }
+        assert!(hot_end::<u64>() <= 64, "{} bytes", hot_end::<u64>());
+        assert!(hot_end::<String>() <= 64, "{} bytes", hot_end::<String>());
+        assert!(hot_end::<(u64, u64)>() <= 64);
     }
 }

@@ -18,6 +18,28 @@ fn at(version: u64) -> PinAt {
     }
 }
 
+/// What test cells made outside an index share, in an `Arc` a lease
+/// holds a count of, as an index's pool.
+struct TestPool {
+    common: Common<u64>,
+}
+
+impl TestPool {
+    fn new(owner: Weak<dyn PinOwner<u64>>, ticks: Arc<Ticks>) -> Arc<Self> {
+        Arc::new_cyclic(|pool: &Weak<Self>| TestPool {
+            // SAFETY: the pool holds `common` for its whole life.
+            common: unsafe { Common::new(owner, ticks, pool.as_ptr() as *const dyn Life) },
+        })
+    }
+
+    /// A closed, empty cell of this pool. The caller keeps the pool until
+    /// the cell is gone.
+    fn cell(&self) -> HitCell<u64> {
+        // SAFETY: as the caller promises.
+        unsafe { HitCell::new(NonNull::from(&self.common)) }
+    }
+}
+
 #[cfg(not(shuttle))]
 mod unit {
     use super::*;
@@ -76,17 +98,14 @@ mod unit {
         }
     }
 
-    /// What the test cells live in: a lease holds a count of it.
-    struct TestPool;
-
     /// A closed cell holding `VALUE`, owned by a fresh recorder, living in
     /// the returned pool.
-    fn fixture() -> (Arc<Recorder>, Arc<Ticks>, HitCell<u64>, Arc<dyn Life>) {
+    fn fixture() -> (Arc<Recorder>, Arc<Ticks>, HitCell<u64>, Arc<TestPool>) {
         let owner = Arc::new(Recorder::default());
         let ticks = Arc::new(Ticks::new());
-        let life: Arc<dyn Life> = Arc::new(TestPool);
         let weak: Weak<dyn PinOwner<u64>> = Arc::downgrade(&owner) as _;
-        let cell = HitCell::new(weak, Arc::clone(&ticks), &life);
+        let life = TestPool::new(weak, Arc::clone(&ticks));
+        let cell = life.cell();
         cell.assign(Arc::new(VALUE), at(1));
         (owner, ticks, cell, life)
     }
@@ -606,8 +625,8 @@ mod unit {
             ticks: Arc::clone(&ticks),
         });
         let weak: Weak<dyn PinOwner<u64>> = Arc::downgrade(&shard) as _;
-        let life: Arc<dyn Life> = Arc::new(TestPool);
-        let cell = HitCell::new(weak, Arc::clone(&ticks), &life);
+        let pool = TestPool::new(weak, Arc::clone(&ticks));
+        let cell = pool.cell();
         cell.assign(Arc::new(VALUE), at(1));
         {
             let mut books = shard.books.lock().unwrap();
@@ -754,31 +773,49 @@ mod schedules {
     struct Shard {
         models: Arc<Mutex<Vec<Model>>>,
         ticks: Arc<Ticks>,
-        /// What the cells live in (the schedules close with `close_word`,
+        /// What the cells share (the schedules close with `close_word`,
         /// so no lease takes a count of it).
-        life: Arc<dyn Life>,
+        pool: Arc<TestPool>,
+    }
+
+    /// A cell made by the stand-in shard, with its pool: the cells of a
+    /// schedule may outlive the shard.
+    struct TestCell {
+        cell: HitCell<u64>,
+        _pool: Arc<TestPool>,
+    }
+
+    impl std::ops::Deref for TestCell {
+        type Target = HitCell<u64>;
+
+        fn deref(&self) -> &HitCell<u64> {
+            &self.cell
+        }
     }
 
     impl Shard {
         fn new(versions: usize) -> Arc<Self> {
-            Arc::new(Shard {
+            let ticks = Arc::new(Ticks::new());
+            Arc::new_cyclic(|shard: &Weak<Shard>| Shard {
                 models: Arc::new(Mutex::new(
                     (0..versions).map(|_| Model::default()).collect(),
                 )),
-                ticks: Arc::new(Ticks::new()),
-                life: Arc::new(()),
+                ticks: Arc::clone(&ticks),
+                pool: TestPool::new(shard.clone() as _, ticks),
             })
         }
 
         /// A new, closed cell for `version`, holding `value`.
-        fn cell_with(self: &Arc<Self>, version: u64, value: Arc<u64>) -> Arc<HitCell<u64>> {
-            let weak: Weak<dyn PinOwner<u64>> = Arc::downgrade(self) as _;
-            let cell = HitCell::new(weak, Arc::clone(&self.ticks), &self.life);
+        fn cell_with(self: &Arc<Self>, version: u64, value: Arc<u64>) -> Arc<TestCell> {
+            let cell = self.pool.cell();
             cell.assign(value, at(version));
-            Arc::new(cell)
+            Arc::new(TestCell {
+                cell,
+                _pool: Arc::clone(&self.pool),
+            })
         }
 
-        fn cell(self: &Arc<Self>, version: u64) -> Arc<HitCell<u64>> {
+        fn cell(self: &Arc<Self>, version: u64) -> Arc<TestCell> {
             self.cell_with(version, Arc::new(value_of(version)))
         }
 
@@ -928,7 +965,7 @@ mod schedules {
     /// `consumes(h)`, consuming where that says so.
     fn hitters(
         models: &Arc<Mutex<Vec<Model>>>,
-        cell: &Arc<HitCell<u64>>,
+        cell: &Arc<TestCell>,
         consumes: fn(usize) -> Vec<bool>,
     ) -> Vec<thread::JoinHandle<Seen>> {
         (0..2)
@@ -1133,7 +1170,7 @@ mod schedules {
         let old = shard.cell(0);
         shard.link(&old);
         let slot = Arc::new(Mutex::new(Arc::clone(&old)));
-        let load = |slot: &Mutex<Arc<HitCell<u64>>>| Arc::clone(&slot.lock().unwrap());
+        let load = |slot: &Mutex<Arc<TestCell>>| Arc::clone(&slot.lock().unwrap());
         let hitters: Vec<_> = (0..2)
             .map(|h| {
                 let (models, slot) = (Arc::clone(&models), Arc::clone(&slot));
