@@ -156,25 +156,25 @@ unsafe impl<V> Send for Common<V> {}
 unsafe impl<V> Sync for Common<V> {}
 
 impl<V> Common<V> {
-    /// The common part of cells calling back `owner`, living in the
-    /// value of the `Arc` whose pointer is `life` (`Weak::as_ptr` of
-    /// `Arc::new_cyclic`).
-    ///
-    /// # Safety
-    ///
-    /// The value at `life` holds this `Common` for its whole life (so a
-    /// count of that `Arc` keeps it).
-    pub(crate) unsafe fn new(
+    /// `make(common)` in a new `Arc`, `common` (for cells calling back
+    /// `owner`) naming that `Arc` as the one a lease holds a count of.
+    /// `make` keeps `common` in what it builds: cells made from it rely on
+    /// that ([`HitCell::new`]).
+    pub(crate) fn within<T: Life + 'static>(
         owner: Weak<dyn PinOwner<V>>,
         ticks: Arc<Ticks>,
-        life: *const dyn Life,
-    ) -> Self {
-        Common {
-            owner,
-            ticks,
-            // SAFETY: `Weak::as_ptr` of `Arc::new_cyclic` is never null.
-            life: unsafe { NonNull::new_unchecked(life.cast_mut()) },
-        }
+        make: impl FnOnce(Self) -> T,
+    ) -> Arc<T> {
+        Arc::new_cyclic(|me: &Weak<T>| {
+            let life = me.as_ptr() as *const dyn Life;
+            make(Common {
+                owner,
+                ticks,
+                // SAFETY: `Weak::as_ptr` of `Arc::new_cyclic` points into
+                // the new allocation: never null.
+                life: unsafe { NonNull::new_unchecked(life.cast_mut()) },
+            })
+        })
     }
 }
 
@@ -183,8 +183,9 @@ impl<V> HitCell<V> {
     ///
     /// # Safety
     ///
-    /// `common` outlives the cell: it lives in the pool the cell lives
-    /// in, or in an `Arc` that outlives the cell some other way.
+    /// `common` outlives the cell, in the value [`Common::within`] built
+    /// it for: the pool the cell lives in, or an `Arc` that outlives the
+    /// cell some other way.
     pub(crate) unsafe fn new(common: NonNull<Common<V>>) -> Self {
         HitCell {
             word: AtomicU64::new(0),

@@ -20,7 +20,7 @@
 //! replaced by larger ones stay until the index goes, as a hit may still
 //! be reading them.
 
-use super::{CellPin, Common, HitCell, Life};
+use super::{CellPin, Common, HitCell};
 use crate::buffer::hash::{shard_of, KeyHash};
 use crate::buffer::pinned::{PinAt, PinOwner};
 use crate::buffer::tick::Ticks;
@@ -408,9 +408,8 @@ impl<K: Hash + Eq + Send + Sync + 'static, V: Send + Sync + 'static> HitIndex<K,
         owner: Weak<dyn PinOwner<V>>,
         ticks: Arc<Ticks>,
     ) -> Self {
-        let pool = Arc::new_cyclic(|pool: &Weak<Pool<K, V>>| Pool {
-            // SAFETY: the pool holds `common` for its whole life.
-            common: unsafe { Common::new(owner, ticks, pool.as_ptr() as *const dyn Life) },
+        let pool = Common::within(owner, ticks, |common| Pool {
+            common,
             chunks: Mutex::new(Vec::new()),
         });
         HitIndex {

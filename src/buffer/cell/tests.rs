@@ -26,10 +26,7 @@ struct TestPool {
 
 impl TestPool {
     fn new(owner: Weak<dyn PinOwner<u64>>, ticks: Arc<Ticks>) -> Arc<Self> {
-        Arc::new_cyclic(|pool: &Weak<Self>| TestPool {
-            // SAFETY: the pool holds `common` for its whole life.
-            common: unsafe { Common::new(owner, ticks, pool.as_ptr() as *const dyn Life) },
-        })
+        Common::within(owner, ticks, |common| TestPool { common })
     }
 
     /// A closed, empty cell of this pool. The caller keeps the pool until
