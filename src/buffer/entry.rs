@@ -169,6 +169,31 @@ impl Delta {
         }
     }
 
+    /// Must the thread that applied this change look at the target again
+    /// (see `Inner::with_shard`)? `over_target` reads `resident`,
+    /// `spilling`, `pinned` and `pinned_spilling` one after another, and
+    /// a change moving several of them lands one gauge at a time: a
+    /// concurrent reader may see a sum that was never true, below both
+    /// the one before and the one after (a finished write lowers
+    /// `resident` and `spilling` by the same weight, and a reader that
+    /// sees only the first finds the buffer under its target), and stop
+    /// evicting. A change lowering `spilling` alone (a failed write) raises
+    /// what is over the target, which a reader that came just before
+    /// missed. Inserts, unspills and unpins, the other changes that raise
+    /// it, evict afterwards anyway.
+    pub(crate) fn needs_target_check(&self) -> bool {
+        let moved = [
+            self.resident,
+            self.spilling,
+            self.pinned,
+            self.pinned_spilling,
+        ]
+        .iter()
+        .filter(|&&g| g != 0)
+        .count();
+        moved > 1 || self.spilling < 0
+    }
+
     /// A value of weight `w` entering memory.
     fn enter(w: isize) -> Delta {
         Delta {

@@ -25,7 +25,7 @@ use super::inner::Inner;
 use super::Key;
 use crate::metrics::Metrics;
 use crate::value::Spill;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{fence, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::time::Instant;
 
 /// A dirty entry is evicted before a clean one only when it is more than
@@ -69,6 +69,10 @@ pub(crate) fn choose(
 impl<K: Key, V: Spill> Inner<K, V> {
     /// Evict until unpinned resident bytes are within the target.
     pub(crate) fn evict_to_target(&self) {
+        // Pairs with the fence in `check_target`: a change this thread
+        // made before is seen by a thread checking after it, or this
+        // thread sees that thread's change whole.
+        fence(SeqCst);
         let writes = self.backoff.allows_writes();
         while self.over_target() > 0 {
             if self.evict_one(writes).is_none() {
@@ -76,6 +80,18 @@ impl<K: Key, V: Spill> Inner<K, V> {
             }
         }
         self.wake_mem_waiters();
+    }
+
+    /// Evict if unpinned resident bytes pass the target, after a change
+    /// that an eviction running at the same time may have missed or seen
+    /// half done (see `Delta::needs_target_check`). Either that eviction
+    /// saw the change whole, or this check (after the fence) sees both
+    /// the change and what that eviction's thread had done before it.
+    pub(crate) fn check_target(&self) {
+        fence(SeqCst);
+        if self.over_target() > 0 {
+            self.evict_to_target();
+        }
     }
 
     /// Evict at least `bytes` now, whatever the target. Returns the weight

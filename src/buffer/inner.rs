@@ -204,7 +204,8 @@ impl<K: Key, V: Spill> Inner<K, V> {
         let locked = &self.shards[s];
         let mut shard = locked.core.lock();
         let r = f(&mut shard);
-        self.g.apply(shard.take_delta(), &locked.pinned);
+        let delta = shard.take_delta();
+        self.g.apply(delta, &locked.pinned);
         let repaired = shard.take_repaired();
         if repaired > locked.clock.load(Relaxed) {
             locked.clock.store(repaired, Relaxed);
@@ -212,6 +213,13 @@ impl<K: Key, V: Spill> Inner<K, V> {
         if shard.take_tails_moved() {
             locked.tails[0].store(shard.tail_tick(ListKind::Clean), Relaxed);
             locked.tails[1].store(shard.tail_tick(ListKind::Dirty), Relaxed);
+        }
+        drop(shard);
+        // A change that a concurrent eviction may have misread (see
+        // `Delta::needs_target_check`): look again, now that it is whole.
+        // Evictions themselves never need this, so this does not recurse.
+        if delta.needs_target_check() {
+            self.check_target();
         }
         r
     }
@@ -482,9 +490,11 @@ impl<K: Key, V: Spill> Inner<K, V> {
         // An unpin that freed nothing moved neither the resident nor the
         // spilling gauge, so it cannot release an `insert_async` waiter;
         // it needs eviction only if the value it made evictable passes
-        // the target. Skipping the rest keeps a fence off the hit path.
-        if freed_any || self.over_target() > 0 {
+        // the target.
+        if freed_any {
             self.evict_to_target();
+        } else {
+            self.check_target();
         }
     }
 

@@ -685,33 +685,25 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
 
     /// `key`'s write finished at `loc`. Returns what to do and whether the
     /// entry stayed in memory (it was pinned meanwhile).
-    pub(crate) fn spill_done(
-        &mut self,
-        key: &K,
-        version: u64,
-        loc: DiskLoc,
-    ) -> (After<K, V>, bool) {
+    pub(crate) fn spill_done(&mut self, key: &K, version: u64, loc: DiskLoc) -> After<K, V> {
         let Some(idx) = self.find_version(key, version) else {
             // Removed or replaced meanwhile: the record is dead, and the
             // write no longer holds the value.
-            let after = After {
+            return After {
                 release: Some(loc),
                 drop: self.release_detached(version, Detached::write_ended),
                 ..After::default()
             };
-            return (after, false);
         };
         let (freed, d) = self.node_mut(idx).spill_done(loc);
         self.add(d);
         if freed.is_some() {
             self.drop_cell(idx);
         }
-        let kept = freed.is_none();
-        let after = After {
+        After {
             drop: freed,
             ..After::default()
-        };
-        (after, kept)
+        }
     }
 
     /// `key`'s write failed: the value stays, relinked as most recently

@@ -296,3 +296,44 @@ fn every_eviction_is_the_one_the_rule_picks() {
 }
 
 mod hits;
+
+/// A write finishing while memory is over the target evicts again: an
+/// eviction on another thread that read the gauges while that write was
+/// landing (`resident` lowered, `spilling` not yet) saw the buffer under
+/// its target and stopped, and nothing else would evict until the host
+/// acts. The stand-in here for that eviction's early stop is a target
+/// lowered without evicting, while the write waits on a busy pool.
+#[test]
+fn a_finished_write_evicts_what_a_concurrent_eviction_may_have_missed() {
+    use crate::io::Priority;
+    use std::sync::atomic::Ordering::Relaxed;
+    let dir = tempfile::tempdir().unwrap();
+    let b: SpillBuffer<u64, Vec<f64>> = SpillBuffer::builder(dir.path())
+        .memory_target(3 * 32)
+        .io_threads(1)
+        .shards(1)
+        .build()
+        .unwrap();
+    let inner = b.inner();
+    // Hold the only IO thread until told.
+    let (started_tx, started) = std::sync::mpsc::channel();
+    let (go, go_rx) = std::sync::mpsc::channel::<()>();
+    inner.submit(Priority::Background, move |_| {
+        started_tx.send(()).unwrap();
+        let _ = go_rx.recv();
+    });
+    started.recv().unwrap();
+    for k in 0..4u64 {
+        b.insert(k, vec![k as f64; 4]).unwrap();
+    }
+    // Key 0 waits to be written; the three others fill the target.
+    assert_eq!(inner.g.spilling.load(Relaxed), 32);
+    assert_eq!(inner.over_target(), 0);
+    inner.target.store(2 * 32, Relaxed);
+    assert_eq!(inner.over_target(), 32);
+    go.send(()).unwrap();
+    b.flush_blocking().unwrap();
+    assert_eq!(inner.over_target(), 0, "memory left over the target");
+    assert_eq!(on_disk(&b), vec![0, 1], "key 1 written after key 0");
+    b.validate().unwrap();
+}

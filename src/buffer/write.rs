@@ -125,14 +125,10 @@ impl<K: Key, V: Spill> Inner<K, V> {
         self.budget_logged.store(false, Relaxed);
         self.backoff.success();
         let s = self.shard_of(key);
-        let (after, kept) = self.with_shard(s, |shard| shard.spill_done(key, version, loc));
+        // The shard's change moves `spilling` and `resident` (or
+        // `pinned_spilling`): `with_shard` looks at the target again.
+        let after = self.with_shard(s, |shard| shard.spill_done(key, version, loc));
         self.act(s, after);
-        if kept {
-            // Pinned while it was written: clean now, and evictable for free
-            // once unpinned.
-            self.evict_to_target();
-        } else {
-            self.wake_mem_waiters();
-        }
+        self.wake_mem_waiters();
     }
 }

@@ -155,3 +155,35 @@ fn a_removed_value_still_held_stays_counted_until_its_holders_go() {
     assert!(removed.drop.is_some() && removed.detached.is_none());
     assert_eq!((d.resident, d.detached), (-3, 0));
 }
+
+#[test]
+fn writes_ending_and_pins_of_written_values_ask_for_a_target_check_evictions_do_not() {
+    // Evictions run inside the check: none of theirs may ask for another.
+    let mut clean = dirty(8);
+    let (_, to_spill) = clean.evict().unwrap();
+    assert!(
+        !to_spill.needs_target_check(),
+        "a value queued to be written"
+    );
+    let pin = clean.pin();
+    assert!(pin.needs_target_check(), "a pin of a value being written");
+    let (_, kept) = clean.spill_done(loc());
+    assert!(kept.needs_target_check(), "a write ending under a pin");
+    let (_, unpin) = clean.unpin(false, usize::MAX);
+    assert!(!unpin.needs_target_check(), "an unpin evicts by itself");
+    let Some((Evicted::Dropped(_), dropped)) = clean.evict() else {
+        panic!("a clean value is dropped")
+    };
+    assert!(!dropped.needs_target_check(), "a clean value dropped");
+
+    let mut n = dirty(8);
+    n.evict().unwrap();
+    let (_, written) = n.spill_done(loc());
+    assert!(written.needs_target_check(), "a write ending");
+    let mut n = dirty(8);
+    n.evict().unwrap();
+    assert!(
+        n.spill_failed(false).needs_target_check(),
+        "a write failing"
+    );
+}
