@@ -307,40 +307,24 @@ fn hit(o: &Opts, use_get: bool) {
         let mut lat = Vec::new();
         let mut cpu_per_op = Vec::new();
         let mut pars = Vec::new();
+        let mut owns = Vec::new();
+        let own: Vec<Buf> = if t > 1 {
+            (0..t as u64)
+                .map(|ti| {
+                    let span = keys / t as u64;
+                    let own = buffer(o, usize::MAX / 2);
+                    for k in ti * span..(ti + 1) * span {
+                        own.insert(k, vec![k as f64; 8]).unwrap();
+                    }
+                    own
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         for rep in 0..o.repeat {
             let per_thread = o.hit_ops / 64 * 64;
-            let barrier = Barrier::new(t);
-            let results: Vec<(Duration, Vec<u64>, u64)> = std::thread::scope(|s| {
-                let hs: Vec<_> = (0..t)
-                    .map(|ti| {
-                        let b = &b;
-                        let barrier = &barrier;
-                        s.spawn(move || {
-                            // Disjoint key ranges per thread.
-                            let order = common::own_keys(keys, ti, t, rep as u64 * 100);
-                            let mut samples = Vec::with_capacity(per_thread / 64);
-                            barrier.wait();
-                            let start = Instant::now();
-                            let cpu0 = thread_cpu_ns();
-                            for batch in 0..per_thread / 64 {
-                                let t0 = Instant::now();
-                                for i in 0..64 {
-                                    let k = &order[(batch * 64 + i) & 4095];
-                                    let p = if use_get {
-                                        b.get(k).unwrap()
-                                    } else {
-                                        b.try_pin(k)
-                                    };
-                                    std::hint::black_box(p);
-                                }
-                                samples.push(t0.elapsed().as_nanos() as u64 / 64);
-                            }
-                            (start.elapsed(), samples, thread_cpu_ns() - cpu0)
-                        })
-                    })
-                    .collect();
-                hs.into_iter().map(|h| h.join().unwrap()).collect()
-            });
+            let results = hit_threads(&[&b], keys, t, per_thread, rep, use_get);
             let slowest = results.iter().map(|r| r.0).max().unwrap();
             ops.push((per_thread * t) as f64 / slowest.as_secs_f64());
             let cpu: u64 = results.iter().map(|r| r.2).sum();
@@ -360,6 +344,14 @@ fn hit(o: &Opts, use_get: bool) {
             // them: its scaling is what the crate's can reach.
             let floor = common::parallel_floor(keys, t, per_thread, rep as u64 * 100);
             pars.push((per_thread * t) as f64 / floor.as_secs_f64());
+            // The crate's own ceiling: each thread its own buffer of its
+            // keys, so that nothing in the crate is shared.
+            if !own.is_empty() {
+                let bufs: Vec<&Buf> = own.iter().collect();
+                let res = hit_threads(&bufs, keys, t, per_thread, rep, use_get);
+                let slowest = res.iter().map(|r| r.0).max().unwrap();
+                owns.push((per_thread * t) as f64 / slowest.as_secs_f64());
+            }
         }
         let par = median(&mut pars);
         if t == 1 {
@@ -388,6 +380,17 @@ fn hit(o: &Opts, use_get: bool) {
         } else {
             1.0
         };
+        // With one thread the shared buffer is the thread's own.
+        let own_ops = if owns.is_empty() {
+            ops
+        } else {
+            median(&mut owns)
+        };
+        let own_scaling = if one_thread > 0.0 {
+            own_ops / one_thread
+        } else {
+            1.0
+        };
         emit(
             o,
             Line {
@@ -407,10 +410,57 @@ fn hit(o: &Opts, use_get: bool) {
                     "resident_keys": keys,
                     "parallel_floor_ops_per_s": par.round(),
                     "parallel_floor_scaling_vs_1_thread": (par_scaling * 1000.0).round() / 1000.0,
+                    "own_buffers_ops_per_s": own_ops.round(),
+                    "own_buffers_scaling_vs_1_thread": (own_scaling * 1000.0).round() / 1000.0,
                 }),
             },
         );
     }
+}
+
+/// `t` threads calling `try_pin` (or `get`) on their own keys, thread
+/// `ti` in `bufs[ti % bufs.len()]`: per thread, its time, its latency
+/// samples (mean of each batch of 64 calls) and its CPU time.
+fn hit_threads(
+    bufs: &[&Buf],
+    keys: u64,
+    t: usize,
+    per_thread: usize,
+    rep: usize,
+    use_get: bool,
+) -> Vec<(Duration, Vec<u64>, u64)> {
+    let barrier = Barrier::new(t);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..t)
+            .map(|ti| {
+                let b = bufs[ti % bufs.len()];
+                let barrier = &barrier;
+                s.spawn(move || {
+                    // Disjoint key ranges per thread.
+                    let order = common::own_keys(keys, ti, t, rep as u64 * 100);
+                    let mut samples = Vec::with_capacity(per_thread / 64);
+                    barrier.wait();
+                    let start = Instant::now();
+                    let cpu0 = thread_cpu_ns();
+                    for batch in 0..per_thread / 64 {
+                        let t0 = Instant::now();
+                        for i in 0..64 {
+                            let k = &order[(batch * 64 + i) & 4095];
+                            let p = if use_get {
+                                b.get(k).unwrap()
+                            } else {
+                                b.try_pin(k)
+                            };
+                            std::hint::black_box(p);
+                        }
+                        samples.push(t0.elapsed().as_nanos() as u64 / 64);
+                    }
+                    (start.elapsed(), samples, thread_cpu_ns() - cpu0)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
 }
 
 /// Insert into memory only (target far above the data).
