@@ -174,7 +174,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
         // Over the limit. Evict again: a back-off may have ended, and
         // retrying is what the caller's call is for.
         self.evict_to_target();
-        if self.g.spilling.load(Relaxed) > 0 || self.g.detached_io.load(Relaxed) > 0 {
+        if self.io_in_flight() {
             return if self.backoff.failing() {
                 Admission::Wait
             } else {

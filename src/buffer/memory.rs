@@ -36,6 +36,12 @@ pub(crate) struct Gauges {
     pub detached_count: AtomicUsize,
     /// Of `detached`, the weight IO jobs hold (it falls on its own).
     pub detached_io: AtomicUsize,
+    /// `spilling + detached_io`: all the weight IO jobs hold, in one gauge
+    /// so that one load sees both at the same instant. A value of a key
+    /// removed while its write runs moves from one to the other, which
+    /// leaves this unchanged; read as two gauges, it could show in neither
+    /// for a moment.
+    pub io_held: AtomicUsize,
     /// Weight of values set aside after their encode failed (resident,
     /// on no list).
     pub set_aside: AtomicUsize,
@@ -98,6 +104,7 @@ impl Gauges {
         shift(&self.detached, d.detached);
         shift(&self.detached_count, d.detached_count);
         shift(&self.detached_io, d.detached_io);
+        shift(&self.io_held, d.spilling + d.detached_io);
         shift(&self.set_aside, d.set_aside);
     }
 
@@ -186,7 +193,14 @@ impl<K: Key, V: Spill> Inner<K, V> {
     /// write it could, and the rest is pinned or failed to spill. Waiting
     /// would never end, so back-pressure is released instead.
     fn stalled(&self) -> bool {
-        self.g.spilling.load(Relaxed) == 0 && self.g.detached_io.load(Relaxed) == 0
+        !self.io_in_flight()
+    }
+
+    /// Some IO job holds memory (a write queued or running, or a value
+    /// waiting to be freed on the pool): memory will fall without the host
+    /// acting.
+    pub(crate) fn io_in_flight(&self) -> bool {
+        self.g.io_held.load(Relaxed) > 0
     }
 
     /// Resolve the waiting `insert_async` calls, all of them in arrival
@@ -208,5 +222,66 @@ impl<K: Key, V: Spill> Inner<K, V> {
         for tx in ready {
             let _ = tx.send(());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    /// A key removed while its value is being written moves that weight
+    /// from `spilling` to `detached_io` in one change. Back-pressure asks
+    /// whether any IO holds memory (`io_held`): a reader must never find
+    /// the weight in neither, or it would release `insert_async` waiters
+    /// while the write still holds the memory it will free.
+    #[test]
+    fn a_write_outliving_its_key_always_shows_as_io_in_flight() {
+        const W: isize = 4096;
+        let g = Gauges::default();
+        let pinned = AtomicUsize::new(0);
+        let written = Delta {
+            resident: W,
+            count: 1,
+            spilling: W,
+            len: 1,
+            ..Delta::ZERO
+        };
+        let removed = Delta {
+            resident: -W,
+            count: -1,
+            spilling: -W,
+            len: -1,
+            detached: W,
+            detached_count: 1,
+            detached_io: W,
+            ..Delta::ZERO
+        };
+        g.apply(written, &pinned);
+        let done = AtomicBool::new(false);
+        let mut reads = 0u64;
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 0..20_000 {
+                    g.apply(removed, &pinned);
+                    // Not a transition the buffer makes: it puts the
+                    // weight back for the next round.
+                    g.apply(removed.negate(), &pinned);
+                }
+                done.store(true, SeqCst);
+            });
+            while !done.load(SeqCst) {
+                assert!(
+                    g.io_held.load(Relaxed) > 0,
+                    "a write in flight showed as none after {reads} reads"
+                );
+                reads += 1;
+            }
+        });
+        assert_eq!(g.io_held.load(Relaxed), W as usize);
+        assert_eq!(
+            g.spilling.load(Relaxed) + g.detached_io.load(Relaxed),
+            g.io_held.load(Relaxed)
+        );
     }
 }

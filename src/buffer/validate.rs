@@ -126,6 +126,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
             ),
             // With the pool idle no job holds anything.
             ("detached_io", 0, g.detached_io.load(Relaxed)),
+            ("io_held", spilling, g.io_held.load(Relaxed)),
             ("set_aside", set_aside, g.set_aside.load(Relaxed)),
         ];
         for (name, counted, gauge) in checks {
