@@ -166,7 +166,9 @@ impl<K, V> Builder<K, V> {
     /// the place's share of the index's table), so the default bounds
     /// them at about 2.5 MiB whatever the number of keys (places are
     /// kept for the next keys rather than freed, so the index holds the
-    /// most cells it ever had at once until the buffer goes);
+    /// most cells it ever had at once until the buffer goes, and up to
+    /// 320 spare places per shard, about 40 KiB, that keep each thread's
+    /// cells apart from other threads');
     /// raise it if more keys than this are pinned over and over, lower it
     /// (to 0: no cells, every pin takes the lock) to save that memory.
     /// Split evenly over the shards. Defaults to: 16,384.

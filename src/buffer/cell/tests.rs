@@ -39,9 +39,11 @@ impl TestPool {
 
 #[cfg(not(shuttle))]
 mod unit {
+    use super::index::CHUNK;
     use super::*;
     use crate::buffer::hash::KeyHash;
     use crate::buffer::pinned::Pinned;
+    use crate::buffer::way::WAYS;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
     use std::sync::Mutex;
     use std::time::{Duration, Instant};
@@ -543,6 +545,94 @@ mod unit {
             }
         }
         assert_eq!(index.len(), (n as usize) - gone.len());
+    }
+
+    /// Two threads (ways) giving cells in turn get places from chunks of
+    /// their own: neither's places lie between the other's.
+    #[test]
+    fn each_way_gives_places_from_chunks_of_its_own() {
+        let owner = Arc::new(Recorder::default());
+        let ticks = Arc::new(Ticks::new());
+        let index = index_for(&owner, &ticks);
+        let mut places = [Vec::new(), Vec::new()];
+        for k in 0..CHUNK as u64 {
+            for (way, mine) in places.iter_mut().enumerate() {
+                let key = 1000 * way as u64 + k;
+                let cell = index.give_in(way, key, Arc::new(key), at(key));
+                mine.push(HitIndex::address(&cell));
+            }
+        }
+        let span = |v: &Vec<usize>| (*v.iter().min().unwrap(), *v.iter().max().unwrap());
+        let (a, b) = (span(&places[0]), span(&places[1]));
+        assert!(
+            a.1 < b.0 || b.1 < a.0,
+            "the ways' places interleave: {a:x?} and {b:x?}"
+        );
+        assert_eq!(index.places(), 2 * CHUNK);
+    }
+
+    /// A freed place goes back to its way's list; a way with none takes
+    /// over a chunk's worth of another way's before it allocates, and
+    /// allocates when no way has that many to spare.
+    #[test]
+    fn a_way_takes_over_spare_places_before_it_allocates() {
+        let owner = Arc::new(Recorder::default());
+        let ticks = Arc::new(Ticks::new());
+        let index = index_for(&owner, &ticks);
+        let give = |way: usize, keys: std::ops::Range<u64>| -> Vec<_> {
+            keys.map(|k| index.give_in(way, k, Arc::new(k), at(k)))
+                .collect()
+        };
+        let chunk = CHUNK as u64;
+        for cell in give(0, 0..2 * chunk) {
+            index.withdraw(cell);
+        }
+        assert_eq!((index.places(), index.free_in(0)), (2 * CHUNK, 2 * CHUNK));
+        // Way 1 takes over one chunk's worth, then the other.
+        let way1 = give(1, 1000..1000 + chunk + 1);
+        assert_eq!(index.places(), 2 * CHUNK, "allocated with places spare");
+        assert_eq!((index.free_in(0), index.free_in(1)), (0, CHUNK - 1));
+        // Freed, a place taken over stays with its new way.
+        index.withdraw(way1[0]);
+        assert_eq!((index.free_in(0), index.free_in(1)), (0, CHUNK));
+        // Way 2 finds exactly a chunk's worth spare, on way 1's list.
+        give(2, 2000..2001);
+        assert_eq!(index.places(), 2 * CHUNK);
+        assert_eq!((index.free_in(1), index.free_in(2)), (0, CHUNK - 1));
+        // Way 3: fewer than a chunk's worth spare anywhere: a new chunk.
+        give(3, 3000..3001);
+        assert_eq!(index.places(), 3 * CHUNK);
+        assert_eq!(index.free_in(3), CHUNK - 1);
+    }
+
+    /// Ways taking turns to give and free many cells allocate at most
+    /// `(WAYS + 1) * CHUNK` places beyond the most cells held at once,
+    /// where one free list per way with no taking over would keep a
+    /// chunk's worth and more for each.
+    #[test]
+    fn ways_taking_turns_keep_the_places_bounded() {
+        let owner = Arc::new(Recorder::default());
+        let ticks = Arc::new(Ticks::new());
+        let index = index_for(&owner, &ticks);
+        let most = 150u64;
+        for round in 0..40u64 {
+            let way = (round % WAYS as u64) as usize;
+            let cells: Vec<_> = (0..most)
+                .map(|k| {
+                    let key = round * 1000 + k;
+                    index.give_in(way, key, Arc::new(key), at(key))
+                })
+                .collect();
+            for cell in cells {
+                index.withdraw(cell);
+            }
+        }
+        let bound = most as usize + (WAYS + 1) * CHUNK;
+        assert!(
+            index.places() <= bound,
+            "{} places for {most} cells at once (bound {bound})",
+            index.places()
+        );
     }
 
     /// The stand-in shard's books for the stress test.
