@@ -6,17 +6,6 @@
 //! cell is retired or dropped goes on its shard's free list and is given
 //! to the next key that gets a cell. So a hit needs no guard against a
 //! cell freed under it, and cells turning over allocate and free nothing.
-//!
-//! A shard keeps a free list per *way* (`buffer::way`): a cell goes in a
-//! place of the way of the thread that gave it, which is the thread that
-//! pinned the key through the shard, and a freed place goes back to its
-//! way's list. The places one thread's hits write thus lie together, in
-//! chunks of their own, rather than on lines next to another thread's: two
-//! threads whose places alternated ran about a third slower each (the
-//! CPU fetches lines next to the ones it misses, and took them from the
-//! other core). A way with no free place takes over a chunk's worth from
-//! the way with most to spare before it allocates, so a shard holds at
-//! most `(WAYS + 1) * CHUNK` places beyond the most cells it had at once.
 //! A hit may therefore reach a place that was given to another key since
 //! it read the table; it tells so by the key, read once it holds a pin
 //! (the key is written only while the cell is closed and holds no pin),
@@ -30,6 +19,17 @@
 //! there: it then takes the shard's path, which is always right. Tables
 //! replaced by larger ones stay until the index goes, as a hit may still
 //! be reading them.
+//!
+//! A shard keeps a free list per *way* (`buffer::way`): a cell goes in a
+//! place of the way of the thread that gave it, which is the thread that
+//! pinned the key through the shard, and a freed place goes back to its
+//! way's list. The places one thread's hits write thus lie together, in
+//! chunks of their own, rather than on lines next to another thread's: two
+//! threads whose places alternated spent about a third more CPU per hit (the
+//! CPU fetches lines next to the ones it misses, and took them from the
+//! other core). A way with no free place takes over a chunk's worth from
+//! the way with most to spare before it allocates, so a shard holds at
+//! most `(WAYS + 1) * CHUNK` places beyond the most cells it had at once.
 
 use super::{CellPin, Common, HitCell};
 use crate::buffer::hash::{shard_of, KeyHash};
