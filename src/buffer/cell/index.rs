@@ -12,8 +12,10 @@
 //! and then gives the pin back and takes the shard's path.
 //!
 //! A table is open addressing with linear probing on the key's hash, at
-//! most half full, with a byte of each hash beside its slot so that a hit
-//! reads no other key's place; a removal shifts the places after it back,
+//! most half full, with seven bits of each hash in its slot (in the low
+//! bits of the place's pointer, which the place's alignment leaves free)
+//! so that a hit reads no other key's place, and reads its tags and
+//! pointers on the same line; a removal shifts the places after it back,
 //! so the table never fills with deleted slots however many cells turn
 //! over. A hit that races a removal or a growth may miss a key that is
 //! there: it then takes the shard's path, which is always right. Tables
@@ -46,13 +48,13 @@ use std::sync::{Arc, Weak};
 
 #[cfg(not(all(test, shuttle)))]
 use std::sync::atomic::{
-    AtomicPtr, AtomicU64, AtomicU8,
+    AtomicPtr, AtomicU64,
     Ordering::{Acquire, Relaxed, Release},
 };
 
 #[cfg(all(test, shuttle))]
 use shuttle::sync::atomic::{
-    AtomicPtr, AtomicU64, AtomicU8,
+    AtomicPtr, AtomicU64,
     Ordering::{Acquire, Relaxed, Release},
 };
 
@@ -192,28 +194,45 @@ impl<K, V> Drop for Pool<K, V> {
     }
 }
 
-/// One table's slots: pointers to places, null where empty, and beside
-/// them a byte of each place's hash (its *tag*), 0 where empty. A hit
-/// reads a place only where the tag is its key's: probing past other
-/// keys' places reads no line of theirs (the lines another thread's hits
-/// write).
+/// One table's slots: pointers to places, null where empty, each with
+/// seven bits of its place's hash (its *tag*, never 0) in the low bits a
+/// place's alignment leaves free. A hit reads a place only where the tag
+/// is its key's: probing past other keys' places reads no line of theirs
+/// (the lines another thread's hits write), and a probe reads no line of
+/// tags apart from its pointers.
 struct Slots<K, V> {
     mask: usize,
-    tags: Box<[AtomicU8]>,
     slots: Box<[AtomicPtr<Place<K, V>>]>,
 }
 
-/// The tag of a hash: its top byte, never 0.
+/// The bits of a slot that hold the tag.
+const TAG: usize = 0x7f;
+
+// A place's alignment leaves the tag's bits of its address free.
+const _: () = assert!(std::mem::align_of::<Place<u8, u8>>() > TAG);
+
+/// The tag of a hash: its top seven bits, never 0.
 #[inline]
-fn tag(hash: u64) -> u8 {
-    ((hash >> 56) as u8) | 1
+fn tag(hash: u64) -> usize {
+    ((hash >> 57) as usize) | 1
+}
+
+/// A slot's word for `place`, of hash `hash`.
+#[inline]
+fn tagged<K, V>(place: NonNull<Place<K, V>>, hash: u64) -> *mut Place<K, V> {
+    place.as_ptr().map_addr(|a| a | tag(hash))
+}
+
+/// The place a slot's word points to (null for an empty slot).
+#[inline]
+fn untagged<K, V>(slot: *mut Place<K, V>) -> *mut Place<K, V> {
+    slot.map_addr(|a| a & !TAG)
 }
 
 impl<K, V> Slots<K, V> {
     fn with_len(len: usize) -> NonNull<Self> {
         let slots = Box::new(Slots {
             mask: len - 1,
-            tags: (0..len).map(|_| AtomicU8::new(0)).collect(),
             slots: (0..len).map(|_| AtomicPtr::new(ptr::null_mut())).collect(),
         });
         // SAFETY: `Box::into_raw` is never null.
@@ -228,8 +247,7 @@ impl<K, V> Slots<K, V> {
             i = (i + 1) & self.mask;
         }
         // Release: the place was filled before.
-        self.slots[i].store(place.as_ptr(), Release);
-        self.tags[i].store(tag(hash), Release);
+        self.slots[i].store(tagged(place, hash), Release);
     }
 
     /// Take slot `i` out, shifting back the places after it that probed
@@ -243,7 +261,7 @@ impl<K, V> Slots<K, V> {
                 break;
             }
             // SAFETY: places in a table are the pool's.
-            let home = unsafe { &*q }.hash.load(Relaxed) as usize & self.mask;
+            let home = unsafe { &*untagged(q) }.hash.load(Relaxed) as usize & self.mask;
             // `q` stays if its home lies cyclically in (i, j].
             let stays = if i <= j {
                 i < home && home <= j
@@ -252,11 +270,9 @@ impl<K, V> Slots<K, V> {
             };
             if !stays {
                 self.slots[i].store(q, Release);
-                self.tags[i].store(self.tags[j].load(Relaxed), Release);
                 i = j;
             }
         }
-        self.tags[i].store(0, Release);
         self.slots[i].store(ptr::null_mut(), Release);
     }
 }
@@ -326,21 +342,20 @@ impl<K, V> Table<K, V> {
         let mut i = hash as usize & slots.mask;
         let want = tag(hash);
         // Bounded: a table is at most half full, but a hit may be reading
-        // slots that a removal is shifting (a tag and its pointer may then
-        // disagree: the place is checked by its hash, then its key).
+        // slots that a removal is shifting (the place may then have been
+        // given to another key since: it is checked by its hash, then its
+        // key).
         for _ in 0..=slots.mask {
-            let t = slots.tags[i].load(Acquire);
-            if t == 0 {
+            let slot = slots.slots[i].load(Acquire);
+            if slot.is_null() {
                 return None;
             }
-            if t == want {
-                let place = slots.slots[i].load(Acquire);
+            if slot.addr() & TAG == want {
                 // SAFETY: a non-null slot points to a place of the pool,
                 // which lives as long as the index.
-                if let Some(place) = unsafe { place.as_ref() } {
-                    if place.hash.load(Relaxed) == hash {
-                        return place.pin(key);
-                    }
+                let place = unsafe { &*untagged(slot) };
+                if place.hash.load(Relaxed) == hash {
+                    return place.pin(key);
                 }
             }
             i = (i + 1) & slots.mask;
@@ -465,7 +480,7 @@ impl<K: Hash + Eq, V> HitIndex<K, V> {
         let slots = books.slots();
         let mut i = hash as usize & slots.mask;
         loop {
-            let place = NonNull::new(slots.slots[i].load(Relaxed))?;
+            let place = NonNull::new(untagged(slots.slots[i].load(Relaxed)))?;
             // SAFETY: places in a table are the pool's; the key is read
             // under the shard lock, which every writer of it holds.
             let p = unsafe { place.as_ref() };
@@ -548,7 +563,7 @@ impl<K: Hash + Eq, V> HitIndex<K, V> {
         // SAFETY: just allocated, owned by the books from here.
         let new_ref = unsafe { new.as_ref() };
         for slot in books.slots().slots.iter() {
-            if let Some(place) = NonNull::new(slot.load(Relaxed)) {
+            if let Some(place) = NonNull::new(untagged(slot.load(Relaxed))) {
                 // SAFETY: places in a table are the pool's.
                 new_ref.put(unsafe { place.as_ref() }.hash.load(Relaxed), place);
             }
@@ -569,7 +584,7 @@ impl<K: Hash + Eq, V> HitIndex<K, V> {
         let slots = books.slots();
         let mut i = hash as usize & slots.mask;
         loop {
-            let here = slots.slots[i].load(Relaxed);
+            let here = untagged(slots.slots[i].load(Relaxed));
             if here.is_null() {
                 debug_assert!(false, "a listed cell missing from its table");
                 return;
@@ -660,7 +675,7 @@ impl<K, V> Drop for HitIndex<K, V> {
         for table in self.tables.iter() {
             let books = table.books.lock();
             for slot in books.slots().slots.iter() {
-                let Some(place) = NonNull::new(slot.load(Relaxed)) else {
+                let Some(place) = NonNull::new(untagged(slot.load(Relaxed))) else {
                     continue;
                 };
                 // SAFETY: places in a table are the pool's, alive here.
@@ -680,7 +695,7 @@ mod tests {
     use std::mem::{align_of, offset_of, size_of};
 
     /// `Builder::hit_cells` documents about 160 bytes per cell: the place
-    /// (this) and its share of the table's slots (9 bytes each, 2 to 4
+    /// (this) and its share of the table's slots (8 bytes each, 2 to 4
     /// slots per place). Two cache lines, on a boundary of two.
     #[test]
     fn a_place_of_a_u64_key_takes_two_lines() {

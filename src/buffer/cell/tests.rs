@@ -547,6 +547,48 @@ mod unit {
         assert_eq!(index.len(), (n as usize) - gone.len());
     }
 
+    /// Keys whose hashes share their tag and their home slot lie in one
+    /// run of slots whose tags all match: a hit tells its own place from
+    /// the others' by the hash, before and after some are taken out.
+    #[test]
+    fn keys_sharing_a_tag_and_a_home_each_pin_their_own() {
+        let owner = Arc::new(Recorder::default());
+        let ticks = Arc::new(Ticks::new());
+        let index = index_for(&owner, &ticks);
+        // The top seven bits (the tag) and the low seven (the home slot in
+        // any table of up to 128 slots) alike.
+        let same = |k: &u64| {
+            let h = index.hash_of(k);
+            (h >> 57, h & 0x7f)
+        };
+        let first = same(&0);
+        let keys: Vec<u64> = (0..).filter(|k| same(k) == first).take(24).collect();
+        let cells: Vec<_> = keys
+            .iter()
+            .map(|&k| {
+                let cell = index.give(k, Arc::new(k), at(k));
+                cell.open(ticks.next(0));
+                cell
+            })
+            .collect();
+        let pins_its_own = |k: u64| {
+            let pinned = hit(&index, k).unwrap_or_else(|| panic!("key {k} lost"));
+            assert_eq!(**pinned.cell().value(), k, "key {k} pinned another's");
+            pinned.release(false);
+        };
+        keys.iter().for_each(|&k| pins_its_own(k));
+        for (i, &k) in keys.iter().enumerate().filter(|(i, _)| i % 2 == 0) {
+            assert!(cells[i].retire());
+            index.withdraw(cells[i]);
+            assert!(hit(&index, k).is_none(), "key {k} pinned after it went");
+        }
+        keys.iter()
+            .skip(1)
+            .step_by(2)
+            .for_each(|&k| pins_its_own(k));
+        assert_eq!(index.len(), keys.len() / 2);
+    }
+
     /// Two threads (ways) giving cells in turn get places from chunks of
     /// their own: neither's places lie between the other's.
     #[test]
