@@ -555,14 +555,15 @@ mod unit {
         let owner = Arc::new(Recorder::default());
         let ticks = Arc::new(Ticks::new());
         let index = index_for(&owner, &ticks);
-        // The top seven bits (the tag) and the low seven (the home slot in
-        // any table of up to 128 slots) alike.
+        // The top seven bits (the tag) and the low five (the home slot in
+        // any table of up to 32 slots, which 12 keys fill to at most half)
+        // alike.
         let same = |k: &u64| {
             let h = index.hash_of(k);
-            (h >> 57, h & 0x7f)
+            (h >> 57, h & 0x1f)
         };
         let first = same(&0);
-        let keys: Vec<u64> = (0..).filter(|k| same(k) == first).take(24).collect();
+        let keys: Vec<u64> = (0..).filter(|k| same(k) == first).take(12).collect();
         let cells: Vec<_> = keys
             .iter()
             .map(|&k| {
