@@ -239,6 +239,16 @@ impl<K, V> Slots<K, V> {
         unsafe { NonNull::new_unchecked(Box::into_raw(slots)) }
     }
 
+    /// The place in slot `i`, if any. Under the shard lock.
+    fn place(&self, i: usize) -> Option<NonNull<Place<K, V>>> {
+        NonNull::new(untagged(self.slots[i].load(Relaxed)))
+    }
+
+    /// Every place in the table. Under the shard lock.
+    fn places(&self) -> impl Iterator<Item = NonNull<Place<K, V>>> + '_ {
+        (0..self.slots.len()).filter_map(|i| self.place(i))
+    }
+
     /// Put `place` (of hash `hash`) in the first empty slot of its probe.
     /// Under the shard lock, with an empty slot left.
     fn put(&self, hash: u64, place: NonNull<Place<K, V>>) {
@@ -480,7 +490,7 @@ impl<K: Hash + Eq, V> HitIndex<K, V> {
         let slots = books.slots();
         let mut i = hash as usize & slots.mask;
         loop {
-            let place = NonNull::new(untagged(slots.slots[i].load(Relaxed)))?;
+            let place = slots.place(i)?;
             // SAFETY: places in a table are the pool's; the key is read
             // under the shard lock, which every writer of it holds.
             let p = unsafe { place.as_ref() };
@@ -562,11 +572,9 @@ impl<K: Hash + Eq, V> HitIndex<K, V> {
         let new = Slots::with_len(len);
         // SAFETY: just allocated, owned by the books from here.
         let new_ref = unsafe { new.as_ref() };
-        for slot in books.slots().slots.iter() {
-            if let Some(place) = NonNull::new(untagged(slot.load(Relaxed))) {
-                // SAFETY: places in a table are the pool's.
-                new_ref.put(unsafe { place.as_ref() }.hash.load(Relaxed), place);
-            }
+        for place in books.slots().places() {
+            // SAFETY: places in a table are the pool's.
+            new_ref.put(unsafe { place.as_ref() }.hash.load(Relaxed), place);
         }
         books.current = new;
         books.old.push(old);
@@ -584,12 +592,11 @@ impl<K: Hash + Eq, V> HitIndex<K, V> {
         let slots = books.slots();
         let mut i = hash as usize & slots.mask;
         loop {
-            let here = untagged(slots.slots[i].load(Relaxed));
-            if here.is_null() {
+            let Some(here) = slots.place(i) else {
                 debug_assert!(false, "a listed cell missing from its table");
                 return;
-            }
-            if here == cell.place.as_ptr() {
+            };
+            if here == cell.place {
                 slots.take(i);
                 break;
             }
@@ -674,10 +681,7 @@ impl<K, V> Drop for HitIndex<K, V> {
     fn drop(&mut self) {
         for table in self.tables.iter() {
             let books = table.books.lock();
-            for slot in books.slots().slots.iter() {
-                let Some(place) = NonNull::new(untagged(slot.load(Relaxed))) else {
-                    continue;
-                };
+            for place in books.slots().places() {
                 // SAFETY: places in a table are the pool's, alive here.
                 let p = unsafe { place.as_ref() };
                 if p.cell.close() == 0 {
