@@ -39,8 +39,14 @@ fn pins_hold_their_shards_owner_not_the_shared_count() {
     let shared = Arc::strong_count(&b.handle.inner);
     let pins: Vec<_> = (0..64).map(|k| b.try_pin(&k).unwrap()).collect();
     let copies: Vec<_> = pins.iter().map(Pinned::clone).collect();
-    // No pin touched the count every thread would share...
-    assert_eq!(Arc::strong_count(&b.handle.inner), shared);
+    // No pin touched the count every thread would share (128 guards; with
+    // the `metrics` feature the pool's stats tick holds one count for a
+    // moment, which may come or go between the two reads)...
+    let now = Arc::strong_count(&b.handle.inner);
+    assert!(
+        now.abs_diff(shared) <= 1,
+        "{shared} counts before, {now} after"
+    );
     // ...each took one on its own shard's owner.
     let held: usize = b
         .handle
