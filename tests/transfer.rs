@@ -856,6 +856,8 @@ async fn a_stalled_peer_holds_up_no_disk_io_and_inserts_only_when_whole() {
     assert!(peer.rest().is_empty());
     assert_eq!(*b.pin(&7).await.unwrap().unwrap(), value(1, 5 << 19));
     b.flush().await.unwrap();
+    // Every write queued while the peer stalled went through.
+    assert!(b.stats().spill_count_total >= 8);
     b.validate().unwrap();
 }
 
