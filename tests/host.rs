@@ -383,6 +383,61 @@ async fn prefetch_never_drops_what_was_used_after_it_was_asked_for() {
     b.validate().unwrap();
 }
 
+/// Three clean values used in turn through hits (ticks the host thread
+/// has not published), then key 3 read back by `read_back` with room to
+/// spare: the value read back counts as used after those hits, so the
+/// next eviction drops the least recently hit value, not it.
+async fn read_back_lands_after_the_hits_before_it(read_back: impl FnOnce(&Buf)) {
+    let tmp = tempfile::tempdir().unwrap();
+    let (b, _storage) = faulty(tmp.path(), 4000, 1);
+    for k in 0..6u64 {
+        b.insert(k, value(k, 1000)).unwrap();
+    }
+    b.evict(1 << 30);
+    b.flush().await.unwrap();
+    // Read back (clean), each pinned once through its shard: the hits
+    // below go through cells.
+    for k in 0..3u64 {
+        drop(b.get(&k).unwrap());
+    }
+    for _ in 0..4 {
+        for k in 0..3u64 {
+            drop(b.try_pin(&k).unwrap());
+        }
+    }
+    read_back(&b);
+    b.flush().await.unwrap();
+    assert_eq!(b.stats().unspill_count_total, 4);
+    // A new value passes the target by one: one clean value goes.
+    b.insert(10, value(10, 1000)).unwrap();
+    b.flush().await.unwrap();
+    let s = b.stats();
+    assert_eq!(s.clean_evictions_total, 1, "{s:?}");
+    assert!(b.try_pin(&3).is_some(), "3 was read back last");
+    assert!(b.try_pin(&0).is_none(), "0 was the least recently used");
+    b.validate().unwrap();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_prefetched_value_lands_after_the_hits_before_it() {
+    read_back_lands_after_the_hits_before_it(|b| {
+        b.prefetch([3u64]);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_read_whose_reader_left_lands_after_the_hits_before_it() {
+    read_back_lands_after_the_hits_before_it(|b| {
+        // The pin is polled once (its read queued), then dropped.
+        let mut pin = Box::pin(b.pin(&3u64));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(std::future::Future::poll(pin.as_mut(), &mut cx).is_pending());
+        drop(pin);
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn prefetch_never_exceeds_the_target_while_reading() {
     let tmp = tempfile::tempdir().unwrap();

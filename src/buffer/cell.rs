@@ -270,7 +270,7 @@ impl<V> HitCell<V> {
     pub(crate) fn release(&self) -> Released {
         // A store, not a read-modify-write: of two threads releasing the
         // same key at once, either tick will do.
-        self.last_use.store(self.ticks().next_released(), Relaxed);
+        self.last_use.store(self.ticks().next(0), Relaxed);
         self.unpin()
     }
 

@@ -173,7 +173,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
             let dirty = self.oldest_tail(ListKind::Dirty);
             // "Now" (a read of every shard's clock) only when both lists
             // have a candidate.
-            let now = || self.newest_tick();
+            let now = || self.now();
             let kind = choose(clean.map(|c| c.0), dirty.map(|d| d.0), now, writes)?;
             let (tick, s) = match kind {
                 ListKind::Clean => clean?,

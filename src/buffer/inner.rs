@@ -182,15 +182,22 @@ impl<K: Key, V: Spill> Inner<K, V> {
         t
     }
 
-    /// The newest tick any shard or hit has taken: "now", for the ages
-    /// eviction compares.
-    pub(crate) fn newest_tick(&self) -> u64 {
-        self.shards
-            .iter()
-            .map(|sh| sh.clock.load(Relaxed))
-            .max()
-            .unwrap_or(0)
-            .max(self.ticks.newest_released())
+    /// "Now", for the ages eviction compares and the uses a prefetch
+    /// counts as before it: at or after every shard's newest tick and
+    /// every tick the calling thread took, before every tick it takes
+    /// next (exact for a single thread). Another thread's uses may be up
+    /// to [`SLACK`](super::tick::SLACK) ticks ahead.
+    pub(crate) fn now(&self) -> u64 {
+        let floor = self.shards.iter().map(|sh| sh.clock.load(Relaxed)).max();
+        self.ticks.now(floor.unwrap_or(0))
+    }
+
+    /// [`Inner::now`], published: a read queued after this lands after
+    /// every use the calling thread made before.
+    pub(crate) fn now_published(&self) -> u64 {
+        let now = self.now();
+        self.ticks.publish(now);
+        now
     }
 
     pub(crate) fn target(&self) -> usize {

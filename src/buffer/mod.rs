@@ -324,7 +324,7 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
     /// is not read back (the host is done with it): pin it to get it again.
     pub fn prefetch(&self, keys: impl IntoIterator<Item = K>) {
         let inner = self.inner();
-        let asked = inner.newest_tick();
+        let asked = inner.now_published();
         for key in keys {
             inner.queue_prefetch(key, asked);
         }

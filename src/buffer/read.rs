@@ -152,6 +152,8 @@ impl<K: Key, V: Spill> Inner<K, V> {
     }
 
     pub(crate) fn start_read(&self, key: K, version: u64, loc: DiskLoc) {
+        // The read lands after every use the caller made before.
+        self.now_published();
         self.submit(Priority::Demand, move |me| me.unspill(key, version, loc));
     }
 

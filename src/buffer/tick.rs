@@ -9,17 +9,19 @@
 //! than `SLACK` apart: for eviction, entries used by different threads are
 //! ordered within that many uses of each other.
 //!
-//! A hit through a cell (`buffer::cell`) takes its tick with no shard
-//! lock ([`Ticks::next_released`]) and records it in its way's clock of
-//! releases, a cache line that only threads of that way write.
+//! A hit through a cell (`buffer::cell`) takes its tick the same way, with
+//! no shard lock: a read of the published clock and of this thread's last
+//! tick. It writes nothing shared but, once per `SLACK` ticks, the clock.
 //!
 //! Work on the IO pool (a read that lands, a failed write put back) uses
 //! [`Ticks::next_synced`]: it comes after every shard's newest tick and
-//! every release's, and publishes its own, so that it comes after every
-//! use that happened before the job, and the host's next use after it
-//! (after `flush`, say) comes after it in turn.
+//! the published clock, and publishes its own, so that the host's next
+//! use after it (after `flush`, say) comes after it in turn. A thread that
+//! queues a read publishes its own ticks first ([`Ticks::publish`]), so
+//! that the read lands after every use that thread made before: for a
+//! single thread the order stays exact. Another thread's uses it did not
+//! publish yet are at most [`SLACK`] ticks ahead, as always.
 
-use crate::buffer::way::{self, WAYS};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -41,74 +43,67 @@ thread_local! {
     static LAST: Cell<u64> = const { Cell::new(0) };
 }
 
-/// A clock on cache lines of its own.
+/// The buffer's published clock, read by every tick and written once per
+/// [`SLACK`] ticks, on cache lines of its own.
 #[derive(Default)]
 #[repr(align(128))]
-struct Clock(AtomicU64);
-
-/// The buffer's published clock, read by every tick and written once per
-/// [`SLACK`] ticks, and the newest release through a hit cell per way.
 pub(crate) struct Ticks {
-    published: Clock,
-    released: [Clock; WAYS],
+    published: AtomicU64,
 }
 
 impl Ticks {
     pub(crate) fn new() -> Self {
-        Ticks {
-            published: Clock::default(),
-            released: Default::default(),
-        }
+        Ticks::default()
     }
 
-    /// A tick for the release of a hit cell's pin, taken with no shard
-    /// lock and recorded as its way's newest release: a load and a store,
-    /// no locked instruction. A way is one thread's for up to [`WAYS`]
-    /// threads; past that, a thread of the same way may overwrite a newer
-    /// tick with its own, which is at most [`SLACK`] older.
-    #[inline]
-    pub(crate) fn next_released(&self) -> u64 {
-        let t = self.next(0);
-        let clock = &self.released[way::this_thread()].0;
-        if clock.load(Relaxed) < t {
-            clock.store(t, Relaxed);
-        }
-        t
-    }
-
-    /// The newest tick a release through a hit cell took.
-    pub(crate) fn newest_released(&self) -> u64 {
-        self.released
-            .iter()
-            .map(|c| c.0.load(Relaxed))
-            .max()
-            .unwrap_or(0)
-    }
-
-    /// A tick for an entry of a shard whose newest tick is `floor`. Take it
-    /// under that shard's lock and store it as the shard's newest.
+    /// A tick for an entry of a shard whose newest tick is `floor`, or for
+    /// the release of a hit cell's pin (`floor` 0: the cell's entry stays
+    /// where it is on its list). For a shard, take it under that shard's
+    /// lock and store it as the shard's newest.
+    ///
+    /// It is also "now" for the calling thread: every use it made before
+    /// has an older tick, every use it makes after a newer one.
     #[inline]
     pub(crate) fn next(&self, floor: u64) -> u64 {
-        let published = self.published.0.load(Relaxed);
+        let published = self.published.load(Relaxed);
         let t = LAST.with(|last| {
             let t = last.get().max(floor).max(published) + 1;
             last.set(t);
             t
         });
         if t >= published.saturating_add(SLACK) {
-            self.published.0.fetch_max(t, Relaxed);
+            self.published.fetch_max(t, Relaxed);
         }
         t
     }
 
-    /// A tick after every tick in `floors` (every shard's newest) and every
-    /// tick taken so far, published at once. For work that runs on the IO
+    /// "Now" for the calling thread: at or after `floor`, the published
+    /// clock and every tick the thread took, and before every tick it
+    /// takes next. Takes no tick of its own.
+    pub(crate) fn now(&self, floor: u64) -> u64 {
+        let published = self.published.load(Relaxed);
+        LAST.with(|last| {
+            let t = last.get().max(floor).max(published);
+            last.set(t);
+            t
+        })
+    }
+
+    /// Publish `t` (a tick this thread took, or its "now"): every synced
+    /// tick taken after comes after it.
+    pub(crate) fn publish(&self, t: u64) {
+        if self.published.load(Relaxed) < t {
+            self.published.fetch_max(t, Relaxed);
+        }
+    }
+
+    /// A tick after every tick in `floors` (every shard's newest) and the
+    /// published clock, published at once. For work that runs on the IO
     /// pool on behalf of the host. Take it under the lock of the shard it
     /// orders.
     pub(crate) fn next_synced(&self, floors: impl Iterator<Item = u64>) -> u64 {
-        let floor = floors.max().unwrap_or(0).max(self.newest_released());
-        let t = self.next(floor);
-        self.published.0.fetch_max(t, Relaxed);
+        let t = self.next(floors.max().unwrap_or(0));
+        self.published.fetch_max(t, Relaxed);
         t
     }
 }
@@ -161,9 +156,9 @@ mod tests {
                         let (mut writes, mut last) = (0, 0);
                         for turn in 0..TICKS {
                             if turn % 2 == me {
-                                let before = ticks.published.0.load(Relaxed);
-                                last = ticks.next_released();
-                                writes += u64::from(ticks.published.0.load(Relaxed) != before);
+                                let before = ticks.published.load(Relaxed);
+                                last = ticks.next(0);
+                                writes += u64::from(ticks.published.load(Relaxed) != before);
                             }
                             turns.wait();
                         }
@@ -201,25 +196,47 @@ mod tests {
     }
 
     #[test]
-    fn a_synced_tick_comes_after_unpublished_releases_of_other_threads() {
+    fn a_synced_tick_comes_after_what_other_threads_published() {
         let ticks = Ticks::new();
         // Another thread releases hit cells, never reaching the point
-        // where it publishes.
-        let theirs = std::thread::scope(|s| {
-            s.spawn(|| (0..SLACK / 2).map(|_| ticks.next_released()).max().unwrap())
-                .join()
-                .unwrap()
+        // where it publishes, then queues a read.
+        let (unpublished, theirs) = std::thread::scope(|s| {
+            s.spawn(|| {
+                let theirs = (0..SLACK / 2).map(|_| ticks.next(0)).max().unwrap();
+                let unpublished = ticks.published.load(Relaxed) < theirs;
+                let now = ticks.now(0);
+                ticks.publish(now);
+                (unpublished, now)
+            })
+            .join()
+            .unwrap()
         });
-        assert!(
-            ticks.published.0.load(Relaxed) < theirs,
-            "the test wants unpublished ticks"
-        );
-        assert_eq!(ticks.newest_released(), theirs);
+        assert!(unpublished, "the test wants unpublished ticks");
+        assert_eq!(theirs, SLACK / 2, "now is the thread's last tick");
         let synced = std::thread::scope(|s| {
             s.spawn(|| ticks.next_synced(std::iter::empty()))
                 .join()
                 .unwrap()
         });
         assert!(synced > theirs, "synced {synced} after {theirs}");
+        assert_eq!(ticks.published.load(Relaxed), synced);
+    }
+
+    #[test]
+    fn now_takes_no_tick_and_comes_between_a_threads_ticks() {
+        let ticks = Ticks::new();
+        let (before, now, again, after) = std::thread::scope(|s| {
+            s.spawn(|| {
+                let before = ticks.next(0);
+                // A shard's newest tick, ahead of this thread's.
+                let now = ticks.now(before + 10);
+                (before, now, ticks.now(0), ticks.next(0))
+            })
+            .join()
+            .unwrap()
+        });
+        assert_eq!(now, before + 10);
+        assert_eq!(again, now, "a second now took a tick");
+        assert_eq!(after, now + 1);
     }
 }
