@@ -169,8 +169,11 @@ impl<K, V> Builder<K, V> {
     /// most cells it ever had at once until the buffer goes, and up to
     /// 320 spare places per shard, about 40 KiB, that keep each thread's
     /// cells apart from other threads');
-    /// raise it if more keys than this are pinned over and over, lower it
-    /// (to 0: no cells, every pin takes the lock) to save that memory.
+    /// raise it if more keys than this are pinned over and over: when
+    /// they are pinned in turn, each pin then gives a cell and retires
+    /// another, which costs about twice a pin through the lock with no
+    /// cells at all. Lower it (to 0: no cells, every pin takes the lock)
+    /// to save that memory.
     /// Split evenly over the shards. Defaults to: 16,384.
     pub fn hit_cells(mut self, n: usize) -> Self {
         self.cfg.hit_cells = n;
