@@ -338,19 +338,26 @@ async fn prefetch_drops_nothing_when_only_dirty_values_could_make_room() {
     b.validate().unwrap();
 }
 
-#[tokio::test(flavor = "current_thread")]
-async fn prefetch_never_drops_what_was_used_after_it_was_asked_for() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (b, storage) = faulty(tmp.path(), 4000, 1);
+/// Six values of 1,000 bytes written out under a target of 4,000, with
+/// one IO thread; 0, 1 and 2 read back by blocking `get`s, clean: room
+/// for one more.
+async fn three_clean_of_six(dir: &std::path::Path) -> (Buf, FaultyStorage) {
+    let (b, storage) = faulty(dir, 4000, 1);
     for k in 0..6u64 {
         b.insert(k, value(k, 1000)).unwrap();
     }
     b.evict(1 << 30);
     b.flush().await.unwrap();
-    // Three clean values; room for one more.
     for k in 0..3u64 {
         drop(b.get(&k).unwrap());
     }
+    (b, storage)
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn prefetch_never_drops_what_was_used_after_it_was_asked_for() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (b, storage) = three_clean_of_six(tmp.path()).await;
     // The one IO thread is held on the read of 3 while 4 is asked for;
     // then the host uses 0, 1 and 2 again. When 4's turn comes, every
     // clean value was used (or read back) after it was asked for: none is
@@ -389,17 +396,9 @@ async fn prefetch_never_drops_what_was_used_after_it_was_asked_for() {
 /// next eviction drops the least recently hit value, not it.
 async fn read_back_lands_after_the_hits_before_it(read_back: impl FnOnce(&Buf)) {
     let tmp = tempfile::tempdir().unwrap();
-    let (b, _storage) = faulty(tmp.path(), 4000, 1);
-    for k in 0..6u64 {
-        b.insert(k, value(k, 1000)).unwrap();
-    }
-    b.evict(1 << 30);
-    b.flush().await.unwrap();
-    // Read back (clean), each pinned once through its shard: the hits
-    // below go through cells.
-    for k in 0..3u64 {
-        drop(b.get(&k).unwrap());
-    }
+    // Each of the three was pinned once through its shard when read
+    // back: the hits below go through cells.
+    let (b, _storage) = three_clean_of_six(tmp.path()).await;
     for _ in 0..4 {
         for k in 0..3u64 {
             drop(b.try_pin(&k).unwrap());
