@@ -3,7 +3,7 @@
 //! directory, and prints one JSON line per workload.
 //!
 //! ```text
-//! cargo run --release --example bench -- [--workload all|metadata|hit|get|insert|spill|unspill|unspill-pipelined|policy]
+//! cargo run --release --example bench -- [--workload all|metadata|hit|get|pin-once|insert|spill|unspill|unspill-pipelined|policy]
 //!     [--dir DIR] [--small BYTES] [--large BYTES] [--count-small N] [--count-large N]
 //!     [--target BYTES] [--threads 1,2] [--compression lz4|none] [--keys N] [--io-threads N]
 //!     [--hit-ops N] [--hit-keys N] [--hit-cells N] [--repeat R] [--window W]
@@ -31,6 +31,7 @@ mod common;
 use common::policy;
 
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 use spillbuffer::{Compression, SpillBuffer};
@@ -63,7 +64,7 @@ struct Opts {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: bench [--workload all|metadata|hit|get|insert|spill|unspill|unspill-pipelined|policy|policy-sweep] [--dir DIR] \
+        "usage: bench [--workload all|metadata|hit|get|pin-once|insert|spill|unspill|unspill-pipelined|policy|policy-sweep] [--dir DIR] \
          [--small BYTES] [--large BYTES] [--count-small N] [--count-large N] [--target BYTES] \
          [--threads 1,2] [--compression lz4|none] [--keys N] [--io-threads N] [--hit-ops N] [--hit-keys N] [--hit-cells N] [--repeat R] [--window W]"
     );
@@ -463,6 +464,67 @@ fn hit_threads(
     })
 }
 
+/// Each of `--hit-keys` resident keys pinned once, in random order: what
+/// a worker pays when every input is a first pin (each goes through its
+/// shard's lock; with more keys than `hit_cells`, the cells are full).
+/// Each run a fresh buffer; the floor is a `HashMap::get` + `Arc` clone
+/// of the same keys in the same order.
+fn pin_once(o: &Opts) {
+    reset_peak();
+    let keys = o.hit_keys as u64;
+    let (mut ops, mut raws, mut cpu_per_op) = (Vec::new(), Vec::new(), Vec::new());
+    let mut lat = Vec::new();
+    for rep in 0..o.repeat {
+        let b = buffer(o, usize::MAX / 2);
+        for k in 0..keys {
+            b.insert(k, vec![k as f64; 8]).unwrap();
+        }
+        let mut order: Vec<u64> = (0..keys).collect();
+        order.shuffle(&mut StdRng::seed_from_u64(rep as u64));
+        let cpu0 = thread_cpu_ns();
+        let start = Instant::now();
+        // Latency samples as in `hit`: the mean of each batch of 64 calls.
+        for batch in order.chunks(64) {
+            let t0 = Instant::now();
+            for k in batch {
+                std::hint::black_box(b.try_pin(k));
+            }
+            lat.push(t0.elapsed().as_nanos() as u64 / batch.len() as u64);
+        }
+        let took = start.elapsed();
+        cpu_per_op.push((thread_cpu_ns() - cpu0) as f64 / keys as f64);
+        ops.push(keys as f64 / took.as_secs_f64());
+        drop(b);
+        let raw_map: HashMap<u64, Arc<Vec<f64>>> = (0..keys)
+            .map(|k| (k, Arc::new(vec![k as f64; 8])))
+            .collect();
+        let start = Instant::now();
+        for k in &order {
+            std::hint::black_box(raw_map.get(k).cloned());
+        }
+        raws.push(keys as f64 / start.elapsed().as_secs_f64());
+    }
+    let ops = median(&mut ops);
+    emit(
+        o,
+        Line {
+            workload: "pin-once".into(),
+            value_bytes: 64,
+            count: keys as usize,
+            threads: 1,
+            bytes_per_s: ops * 64.0,
+            ops_per_s: ops,
+            lat: percentiles(lat),
+            raw_name: "HashMap get + Arc clone, same order (ops/s)",
+            raw: median(&mut raws),
+            extra: json!({
+                "cpu_ns_per_op": (median(&mut cpu_per_op) * 10.0).round() / 10.0,
+                "resident_keys": keys,
+            }),
+        },
+    );
+}
+
 /// Insert into memory only (target far above the data).
 fn insert(o: &Opts, size: usize, count: usize) {
     reset_peak();
@@ -758,6 +820,9 @@ fn main() {
     }
     if all || w == "get" {
         hit(&o, true);
+    }
+    if all || w == "pin-once" {
+        pin_once(&o);
     }
     if all || w == "insert" {
         insert(&o, o.small, o.count_small);

@@ -160,8 +160,12 @@ impl<K, V> Builder<K, V> {
     /// [`SpillBuffer::try_pin`](crate::SpillBuffer::try_pin), `pin` and
     /// `get`). A key gets one when it is unpinned, and keeps it while its
     /// value stays in memory; beyond this many, the keys not pinned for
-    /// longest give theirs up, and their next pin takes the shard's lock
-    /// (about three times slower) and gives them one again. Each cell
+    /// longest give theirs up, and their pins take the shard's lock
+    /// (about three times slower) until they get one again: once this
+    /// many keys have a cell, one in 16 of the keys unpinned without one
+    /// gets a cell, drawn at random, so that keys pinned once or twice
+    /// do not turn the cells over, and keys pinned over and over, more of
+    /// them than the cells, keep theirs for many rounds. Each cell
     /// costs about 160 bytes (its place in the index, with the key, and
     /// the place's share of the index's table), so the default bounds
     /// them at about 2.5 MiB whatever the number of keys (places are
@@ -169,11 +173,9 @@ impl<K, V> Builder<K, V> {
     /// most cells it ever had at once until the buffer goes, and up to
     /// 320 spare places per shard, about 40 KiB, that keep each thread's
     /// cells apart from other threads');
-    /// raise it if more keys than this are pinned over and over: when
-    /// they are pinned in turn, each pin then gives a cell and retires
-    /// another, which costs about twice a pin through the lock with no
-    /// cells at all. Lower it (to 0: no cells, every pin takes the lock)
-    /// to save that memory.
+    /// raise it if more keys than this are pinned over and over (the
+    /// pins of those without a cell take the lock). Lower it (to 0: no
+    /// cells, every pin takes the lock) to save that memory.
     /// Split evenly over the shards. Defaults to: 16,384.
     pub fn hit_cells(mut self, n: usize) -> Self {
         self.cfg.hit_cells = n;

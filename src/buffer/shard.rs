@@ -607,7 +607,7 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
             }
             Unpinned::Link { kind, .. } => {
                 let tick = tick();
-                self.give_cell(idx, tick);
+                self.give_cell(idx);
                 self.link_front(idx, kind, tick);
                 self.trim_cells();
                 None

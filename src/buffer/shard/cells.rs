@@ -2,15 +2,27 @@
 //! goes back on its list after a pin, and keeps it while its value is in
 //! memory, unless the shard has more cells than its budget. Then the
 //! cells not hit for longest are retired (closed and taken out of the
-//! index; their entries' next pin takes the shard's path and gives them a
-//! cell again), so that the memory cells take (their places in the index)
-//! stays bounded however many keys were ever pinned.
+//! index; their entries' next pin takes the shard's path and may give them
+//! a cell again), so that the memory cells take (their places in the
+//! index) stays bounded however many keys were ever pinned.
+//!
+//! Once the shard is at its budget, a new cell costs a retirement, so it
+//! is given to one in [`ADMIT_ONE_IN`] of the entries that ask, drawn at
+//! random. Keys pinned over and over then get a cell after a few pins
+//! through the shard, while keys pinned once or twice, or more keys pinned
+//! in turn than there are cells, no longer turn every cell over: with
+//! every asker admitted, keys pinned in a cycle longer than the budget
+//! retire each cell before its next hit (as in any LRU), so every pin
+//! pays for a cell given and one retired and none is a hit; drawn, the
+//! cells stay with the keys that got them for many cycles and take their
+//! share of the hits.
 //!
 //! Which cell goes is decided by a queue of the cells given, oldest first,
 //! each with its `last_use` when it was queued: a cell released since
 //! (its `last_use` changed: ticks of different threads' releases are not
 //! ordered, so it is compared for a change, not for being newer) is
-//! queued again rather than retired, and so is one pinned now. A cell
+//! queued again rather than retired, and so are one pinned now and one
+//! just given. A cell
 //! taken back for another reason (its value left memory, its entry went)
 //! leaves a stale place in the queue, skipped when it comes up and dropped
 //! when stale places outnumber live ones.
@@ -23,7 +35,8 @@ use std::hash::Hash;
 use std::sync::Arc;
 
 /// A queued cell: its entry's slot, the cell, which gift of its place it
-/// was, and its `last_use` when queued.
+/// was, and its `last_use` when queued ([`NEW`] if given since the last
+/// trim).
 struct Queued<K, V> {
     slot: u32,
     cell: CellRef<K, V>,
@@ -31,11 +44,25 @@ struct Queued<K, V> {
     last_use: u64,
 }
 
+/// Once a shard is at its budget, one in this many entries that ask for a
+/// cell get one (see the module docs).
+pub(crate) const ADMIT_ONE_IN: u64 = 16;
+
+/// The `last_use` a cell is queued with when given: no tick is this, so
+/// the trim that follows queues it again rather than retire it, whatever
+/// the others did (a cell drawn at the budget is not retired before its
+/// key could hit it).
+const NEW: u64 = u64::MAX;
+
 /// The cells a shard gave, oldest first (see the module docs).
 pub(crate) struct Retire<K, V> {
     /// Entries with a cell.
     count: usize,
     queue: VecDeque<Queued<K, V>>,
+    /// State of the draws that pick who gets a cell at the budget
+    /// (xorshift: never 0). A fixed seed, so a single-threaded caller gets
+    /// the same cells run after run.
+    draw: u64,
 }
 
 impl<K, V> Default for Retire<K, V> {
@@ -43,11 +70,23 @@ impl<K, V> Default for Retire<K, V> {
         Retire {
             count: 0,
             queue: VecDeque::new(),
+            draw: 0x9E37_79B9_7F4A_7C15,
         }
     }
 }
 
 impl<K, V> Retire<K, V> {
+    /// Whether an entry asking for a cell while the shard is at its budget
+    /// gets one: true once in [`ADMIT_ONE_IN`] draws.
+    fn admit(&mut self) -> bool {
+        let mut x = self.draw;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.draw = x;
+        x % ADMIT_ONE_IN == 0
+    }
+
     /// Entries with a cell.
     #[cfg(any(test, feature = "testing"))]
     pub(crate) fn count(&self) -> usize {
@@ -66,14 +105,19 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
             .is_some_and(|cell| cell.same(&q.cell) && cell.gen() == q.gen)
     }
 
-    /// Give `idx` (resident, about to be linked at `tick`) a hit cell if it
-    /// has none: the next hits on it take no lock. [`Shard::trim_cells`]
-    /// then keeps the shard within its budget.
-    pub(super) fn give_cell(&mut self, idx: u32, tick: u64) {
+    /// Give `idx` (resident, about to be linked) a hit cell if it has none,
+    /// and, should the shard be at its budget, if it is drawn: the next
+    /// hits on it take no lock. [`Shard::trim_cells`] then keeps the shard
+    /// within its budget.
+    pub(super) fn give_cell(&mut self, idx: u32) {
         let n = self.node(idx);
         if n.celled() || self.cells.budget == 0 {
             return;
         }
+        if self.retire.count >= self.cells.budget && !self.retire.admit() {
+            return;
+        }
+        let n = self.node(idx);
         let Some(value) = n.state().value() else {
             return;
         };
@@ -89,7 +133,7 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
             slot: idx,
             cell,
             gen: cell.gen(),
-            last_use: tick,
+            last_use: NEW,
         });
     }
 

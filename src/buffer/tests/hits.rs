@@ -198,10 +198,26 @@ fn has_cell(b: &SpillBuffer<u64, Vec<f64>>, k: u64) -> bool {
     b.inner().hits.get(&k).is_some()
 }
 
+/// Pin `k` through the shard until it gets a cell (at the budget, one in
+/// `ADMIT_ONE_IN` asks does), checking the budget after each pin; the
+/// pins it took.
+fn pin_until_celled(b: &SpillBuffer<u64, Vec<f64>>, k: u64, budget: usize) -> usize {
+    for pins in 1..=1000 {
+        let p = b.try_pin(&k).expect("resident");
+        assert!(!p.is_hit(), "{k} had a cell before its pin {pins}");
+        drop(p);
+        assert!(b.inner().hits.len() <= budget, "{k}, pin {pins}");
+        if has_cell(b, k) {
+            return pins;
+        }
+    }
+    panic!("{k} got no cell in 1000 pins");
+}
+
 /// Beyond its budget, a shard retires the cells not hit for longest (one
-/// hit since it was given is kept over an older idle one), never one
-/// pinned; a key whose cell was retired takes the shard's path once and
-/// gets a cell again.
+/// hit or released since it was given is kept over an older idle one),
+/// never one pinned; a key whose cell was retired takes the shard's path
+/// until it gets a cell again.
 #[test]
 fn cells_stay_within_their_budget_and_the_least_recently_hit_go_first() {
     let dir = tempfile::tempdir().unwrap();
@@ -210,28 +226,61 @@ fn cells_stay_within_their_budget_and_the_least_recently_hit_go_first() {
         b.insert(k, value(k)).unwrap();
     }
     let held = hit(&b, 0);
-    for k in 1..10 {
-        drop(b.try_pin(&k).unwrap());
-        assert!(b.inner().hits.len() <= 4, "after key {k}");
-        b.validate().unwrap();
+    for k in 1..4 {
+        drop(hit(&b, k));
     }
+    // At the budget: 2 is hit after its cell was given, 1 and 3 are idle.
+    drop(hit(&b, 2));
+    pin_until_celled(&b, 9, 4);
     let celled: Vec<u64> = (0..10).filter(|&k| has_cell(&b, k)).collect();
-    assert_eq!(celled, [0, 7, 8, 9], "the pinned cell and the newest three");
+    assert_eq!(celled, [0, 2, 3, 9], "1, the oldest idle cell, went");
+    b.validate().unwrap();
+    // 2 is hit again, so 3 is the oldest idle cell now.
     assert_eq!(held[0], 0.0);
     drop(held);
-    // Keys 0 (released since) and 7 (hit since) are kept over 8, the
-    // oldest of those not used since they got their cells.
-    drop(hit(&b, 7));
-    let p = b.try_pin(&1).unwrap();
-    assert!(!p.is_hit(), "key 1's cell was retired");
-    drop(p);
+    drop(hit(&b, 2));
+    pin_until_celled(&b, 8, 4);
     let celled: Vec<u64> = (0..10).filter(|&k| has_cell(&b, k)).collect();
-    assert_eq!(
-        celled,
-        [0, 1, 7, 9],
-        "key 1 got a cell again, key 8 gave its up"
+    assert_eq!(celled, [0, 2, 8, 9], "3 went, 2 was hit since");
+    let p = b.try_pin(&3).unwrap();
+    assert!(!p.is_hit(), "key 3's cell was retired");
+    assert_eq!(p[0], 3.0);
+    drop(p);
+    pin_until_celled(&b, 3, 4);
+    assert!(b.try_pin(&3).unwrap().is_hit());
+    b.validate().unwrap();
+}
+
+/// At the budget, only some keys that ask get a cell, so that keys pinned
+/// in turn, twice as many as the cells, keep cells across their cycles and
+/// about half their pins are hits; were every asker given one, each cell
+/// would be retired before its key came round again and no pin would be
+/// a hit.
+#[test]
+fn keys_pinned_in_turn_beyond_the_budget_keep_their_cells() {
+    let dir = tempfile::tempdir().unwrap();
+    const CELLS: usize = 8;
+    let b = buffer_with_cells(dir.path(), CELLS);
+    let keys = 2 * CELLS as u64;
+    for k in 0..keys {
+        b.insert(k, value(k)).unwrap();
+    }
+    let mut hits = 0;
+    for cycle in 0..300 {
+        for k in 0..keys {
+            let p = b.try_pin(&k).expect("resident");
+            assert_eq!(p[0], k as f64);
+            if cycle >= 200 && p.is_hit() {
+                hits += 1;
+            }
+        }
+        assert!(b.inner().hits.len() <= CELLS, "cycle {cycle}");
+    }
+    let pins = 100 * keys as usize;
+    assert!(
+        hits * 3 >= pins,
+        "{hits} hits of the last {pins} pins: cells turned over"
     );
-    assert!(b.try_pin(&1).unwrap().is_hit());
     b.validate().unwrap();
 }
 
