@@ -158,13 +158,14 @@ impl<K, V> Builder<K, V> {
     /// How many keys at most keep a *hit cell*: what lets a pin of a key
     /// in memory take no lock and write nothing shared (the hit path of
     /// [`SpillBuffer::try_pin`](crate::SpillBuffer::try_pin), `pin` and
-    /// `get`). A key gets one when it is unpinned, and keeps it while its
+    /// `get`). A key gets one when it is unpinned for the second time
+    /// (a key pinned once is cheaper without one), and keeps it while its
     /// value stays in memory; beyond this many, the keys not pinned for
     /// longest give theirs up, and their pins take the shard's lock
     /// (about three times slower) until they get one again: once this
     /// many keys have a cell, one in 16 of the keys unpinned without one
-    /// gets a cell, drawn at random, so that keys pinned once or twice
-    /// do not turn the cells over, and keys pinned over and over, more of
+    /// gets a cell, drawn at random, so that keys pinned a few times do
+    /// not turn the cells over, and keys pinned over and over, more of
     /// them than the cells, keep theirs for many rounds. Each cell
     /// costs about 160 bytes (its place in the index, with the key, and
     /// the place's share of the index's table), so the default bounds

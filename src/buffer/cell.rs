@@ -1,12 +1,12 @@
 //! The hit path: a pin of a resident key that takes no lock and writes
 //! nothing shared but the key's own cell.
 //!
-//! A key whose value is in memory and was pinned before has a [`HitCell`]:
-//! one word holding its *cell pins* and two flags, the time of its last
-//! release, and a handle on the value. The cells live in places of a
-//! [`HitIndex`] (`index`): per shard, a table read without a lock and a
-//! pool of places that are reused, never freed while the buffer lives, so
-//! that a hit needs no guard against a cell freed under it.
+//! A key whose value is in memory and was pinned twice before has a
+//! [`HitCell`]: one word holding its *cell pins* and two flags, the time
+//! of its last release, and a handle on the value. The cells live in
+//! places of a [`HitIndex`] (`index`): per shard, a table read without a
+//! lock and a pool of places that are reused, never freed while the buffer
+//! lives, so that a hit needs no guard against a cell freed under it.
 //!
 //! The word's protocol, every step a single atomic update of the word:
 //!

@@ -223,6 +223,9 @@ const SET_ASIDE: u8 = 2;
 /// It has a hit cell in the buffer's index (`buffer::cell`), which the
 /// shard opens and closes as the entry goes on and off its list.
 const CELLED: u8 = 4;
+/// Pinned and released through its shard before (since it was inserted):
+/// the next such release may give it a hit cell (`shard::cells`).
+const PINNED_BEFORE: u8 = 8;
 
 /// The two eviction lists: entries with a valid disk copy (dropping them
 /// costs no IO) and entries without one.
@@ -244,8 +247,8 @@ pub(crate) struct Node<K, V> {
     /// that they never act on a newer value of the same key.
     pub version: u64,
     pins: u32,
-    /// [`CONSUMED`], [`SET_ASIDE`], [`CELLED`]: one byte, so that the
-    /// node stays 88 bytes.
+    /// [`CONSUMED`], [`SET_ASIDE`], [`CELLED`], [`PINNED_BEFORE`]: one
+    /// byte, so that the node stays 88 bytes.
     flags: u8,
     pub(super) tick: u64,
     pub(super) prev: u32,
@@ -369,6 +372,14 @@ impl<K, V> Node<K, V> {
 
     pub(crate) fn set_celled(&mut self, celled: bool) {
         self.set_flag(CELLED, celled);
+    }
+
+    /// Whether it was pinned and released through its shard before; marks
+    /// it so from now on.
+    pub(crate) fn pinned_before(&mut self) -> bool {
+        let before = self.flags & PINNED_BEFORE != 0;
+        self.set_flag(PINNED_BEFORE, true);
+        before
     }
 
     /// A hit through its cell used it after it was consumed: no longer

@@ -1,6 +1,8 @@
 //! A shard's hit cells, given and taken back: an entry gets a cell when it
-//! goes back on its list after a pin, and keeps it while its value is in
-//! memory, unless the shard has more cells than its budget. Then the
+//! goes back on its list after its second pin (a cell costs more to give
+//! than one pin through the shard saves, so keys pinned once never get
+//! one), and keeps it while its value is in memory, unless the shard has
+//! more cells than its budget. Then the
 //! cells not hit for longest are retired (closed and taken out of the
 //! index; their entries' next pin takes the shard's path and may give them
 //! a cell again), so that the memory cells take (their places in the
@@ -105,13 +107,16 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
             .is_some_and(|cell| cell.same(&q.cell) && cell.gen() == q.gen)
     }
 
-    /// Give `idx` (resident, about to be linked) a hit cell if it has none,
-    /// and, should the shard be at its budget, if it is drawn: the next
-    /// hits on it take no lock. [`Shard::trim_cells`] then keeps the shard
+    /// Give `idx` (resident, about to be linked) a hit cell if it has none
+    /// and was pinned before, and, should the shard be at its budget, if
+    /// it is drawn: the next hits on it take no lock. [`Shard::trim_cells`] then keeps the shard
     /// within its budget.
     pub(super) fn give_cell(&mut self, idx: u32) {
         let n = self.node(idx);
         if n.celled() || self.cells.budget == 0 {
+            return;
+        }
+        if !self.node_mut(idx).pinned_before() {
             return;
         }
         if self.retire.count >= self.cells.budget && !self.retire.admit() {
