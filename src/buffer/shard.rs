@@ -607,7 +607,7 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
             }
             Unpinned::Link { kind, .. } => {
                 let tick = tick();
-                self.give_cell(idx);
+                self.give_cell(idx, tick);
                 self.link_front(idx, kind, tick);
                 self.trim_cells();
                 None
@@ -894,6 +894,12 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
             return Err(format!("slot {i}: cell leased, entry unpinned"));
         }
         Ok(())
+    }
+
+    /// Hit cells retired so far.
+    #[cfg(test)]
+    pub(crate) fn cells_retired(&self) -> u64 {
+        self.retire.retired()
     }
 
     /// Entries with a hit cell.

@@ -2,16 +2,16 @@
 //! goes back on its list after its second pin (a cell costs more to give
 //! than one pin through the shard saves, so keys pinned once never get
 //! one), and keeps it while its value is in memory, unless the shard has
-//! more cells than its budget. Then the
-//! cells not hit for longest are retired (closed and taken out of the
-//! index; their entries' next pin takes the shard's path and may give them
-//! a cell again), so that the memory cells take (their places in the
-//! index) stays bounded however many keys were ever pinned.
+//! more cells than its budget. Then the cells not hit for longest are
+//! retired (closed and taken out of the index; their entries' next pin
+//! takes the shard's path and may give them a cell again), so that the
+//! memory cells take (their places in the index) stays bounded however
+//! many keys were ever pinned.
 //!
 //! Once the shard is at its budget, a new cell costs a retirement, so it
 //! is given to one in [`ADMIT_ONE_IN`] of the entries that ask, drawn at
 //! random. Keys pinned over and over then get a cell after a few pins
-//! through the shard, while keys pinned once or twice, or more keys pinned
+//! through the shard, while keys pinned a few times, or more keys pinned
 //! in turn than there are cells, no longer turn every cell over: with
 //! every asker admitted, keys pinned in a cycle longer than the budget
 //! retire each cell before its next hit (as in any LRU), so every pin
@@ -23,11 +23,13 @@
 //! each with its `last_use` when it was queued: a cell released since
 //! (its `last_use` changed: ticks of different threads' releases are not
 //! ordered, so it is compared for a change, not for being newer) is
-//! queued again rather than retired, and so are one pinned now and one
-//! just given. A cell
-//! taken back for another reason (its value left memory, its entry went)
-//! leaves a stale place in the queue, skipped when it comes up and dropped
-//! when stale places outnumber live ones.
+//! queued again rather than retired, and so is one pinned now. A cell
+//! just given counts as not released since, so if every other cell was,
+//! it is the one to go: a key drawn while all the others are in use does
+//! not push one of them out. A cell taken back for another reason (its
+//! value left memory, its entry went) leaves a stale place in the queue,
+//! skipped when it comes up and dropped when stale places outnumber live
+//! ones.
 
 use super::Shard;
 use crate::buffer::cell::CellRef;
@@ -37,8 +39,7 @@ use std::hash::Hash;
 use std::sync::Arc;
 
 /// A queued cell: its entry's slot, the cell, which gift of its place it
-/// was, and its `last_use` when queued ([`NEW`] if given since the last
-/// trim).
+/// was, and its `last_use` when queued.
 struct Queued<K, V> {
     slot: u32,
     cell: CellRef<K, V>,
@@ -50,12 +51,6 @@ struct Queued<K, V> {
 /// cell get one (see the module docs).
 pub(crate) const ADMIT_ONE_IN: u64 = 16;
 
-/// The `last_use` a cell is queued with when given: no tick is this, so
-/// the trim that follows queues it again rather than retire it, whatever
-/// the others did (a cell drawn at the budget is not retired before its
-/// key could hit it).
-const NEW: u64 = u64::MAX;
-
 /// The cells a shard gave, oldest first (see the module docs).
 pub(crate) struct Retire<K, V> {
     /// Entries with a cell.
@@ -65,6 +60,8 @@ pub(crate) struct Retire<K, V> {
     /// (xorshift: never 0). A fixed seed, so a single-threaded caller gets
     /// the same cells run after run.
     draw: u64,
+    /// Cells retired so far.
+    retired: u64,
 }
 
 impl<K, V> Default for Retire<K, V> {
@@ -73,6 +70,7 @@ impl<K, V> Default for Retire<K, V> {
             count: 0,
             queue: VecDeque::new(),
             draw: 0x9E37_79B9_7F4A_7C15,
+            retired: 0,
         }
     }
 }
@@ -94,6 +92,12 @@ impl<K, V> Retire<K, V> {
     pub(crate) fn count(&self) -> usize {
         self.count
     }
+
+    /// Cells retired so far.
+    #[cfg(test)]
+    pub(crate) fn retired(&self) -> u64 {
+        self.retired
+    }
 }
 
 impl<K: Hash + Eq + Clone, V> Shard<K, V> {
@@ -107,11 +111,11 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
             .is_some_and(|cell| cell.same(&q.cell) && cell.gen() == q.gen)
     }
 
-    /// Give `idx` (resident, about to be linked) a hit cell if it has none
-    /// and was pinned before, and, should the shard be at its budget, if
-    /// it is drawn: the next hits on it take no lock. [`Shard::trim_cells`] then keeps the shard
-    /// within its budget.
-    pub(super) fn give_cell(&mut self, idx: u32) {
+    /// Give `idx` (resident, about to be linked at `tick`) a hit cell if it
+    /// has none and was pinned before, and, should the shard be at its
+    /// budget, if it is drawn: the next hits on it take no lock.
+    /// [`Shard::trim_cells`] then keeps the shard within its budget.
+    pub(super) fn give_cell(&mut self, idx: u32, tick: u64) {
         let n = self.node(idx);
         if n.celled() || self.cells.budget == 0 {
             return;
@@ -138,7 +142,7 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
             slot: idx,
             cell,
             gen: cell.gen(),
-            last_use: NEW,
+            last_use: tick,
         });
     }
 
@@ -175,6 +179,7 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
                 continue;
             }
             self.drop_cell(q.slot);
+            self.retire.retired += 1;
         }
         let live = self.retire.count;
         if self.retire.queue.len() > 2 * live + 64 {

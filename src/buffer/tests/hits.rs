@@ -267,6 +267,28 @@ fn cells_stay_within_their_budget_and_the_least_recently_hit_go_first() {
     b.validate().unwrap();
 }
 
+/// A cell drawn at the budget while every other cell was hit since it
+/// was queued is retired at once, so that keys in use keep theirs; drawn
+/// again once the others are idle, the key keeps its cell and the oldest
+/// idle one goes.
+#[test]
+fn a_cell_drawn_while_all_others_are_in_use_goes_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = buffer_with_cells(dir.path(), 2);
+    let retired = || b.inner().with_shard(0, |s| s.cells_retired());
+    let celled = || (0..3).filter(|&k| has_cell(&b, k)).collect::<Vec<u64>>();
+    for k in 0..3 {
+        b.insert(k, value(k)).unwrap();
+    }
+    // 0 and 1 are hit after their cells were given (and queued).
+    drop(hit(&b, 0));
+    drop(hit(&b, 1));
+    pin_until_celled(&b, 2, 2);
+    assert_eq!(celled(), [1, 2], "0, the oldest idle cell, went");
+    assert_eq!(retired(), 2, "2's first cell went at once, then 0's");
+    b.validate().unwrap();
+}
+
 /// At the budget, only some keys that ask get a cell, so that keys pinned
 /// in turn, twice as many as the cells, keep cells across their cycles and
 /// about half their pins are hits; were every asker given one, each cell
