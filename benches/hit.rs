@@ -9,8 +9,6 @@ mod common;
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 use rand::Rng;
-use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// Resident keys the pins pick from: a hot key per thread, then random
@@ -48,7 +46,7 @@ fn hit(c: &mut Criterion) {
     for (name, keys) in KEY_COUNTS {
         let b = common::buffer(dir.path(), usize::MAX / 2);
         for k in 0..keys {
-            b.insert(k, vec![k as f64; VALUE / 8]).unwrap();
+            b.insert(k, common::hit_value(k)).unwrap();
         }
         for threads in [1usize, 2] {
             // Bytes of values handed out per second, over all threads.
@@ -69,9 +67,7 @@ fn hit(c: &mut Criterion) {
             );
         }
         g.throughput(Throughput::Bytes(VALUE as u64));
-        let map: HashMap<u64, Arc<Vec<f64>>> = (0..keys)
-            .map(|k| (k, Arc::new(vec![k as f64; VALUE / 8])))
-            .collect();
+        let map = common::floor_map(0..keys);
         let mut rng = common::rng(9);
         let order: Vec<u64> = (0..4096).map(|_| rng.gen_range(0..keys)).collect();
         g.bench_function(format!("raw/hashmap-get-arc-clone/{name}"), |bn| {

@@ -39,7 +39,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Barrier};
+use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 struct Opts {
@@ -191,6 +191,15 @@ fn buffer(o: &Opts, target: usize) -> Buf {
     .expect("build buffer")
 }
 
+/// A buffer holding `keys` in memory, each with its hit-path value.
+fn resident(o: &Opts, keys: std::ops::Range<u64>) -> Buf {
+    let b = buffer(o, usize::MAX / 2);
+    for k in keys {
+        b.insert(k, common::hit_value(k)).unwrap();
+    }
+    b
+}
+
 struct Line {
     workload: String,
     value_bytes: usize,
@@ -290,14 +299,9 @@ fn metadata(o: &Opts) {
 fn hit(o: &Opts, use_get: bool) {
     // Spread over all threads; each reads its own slice in random order.
     let keys = o.hit_keys.max(o.threads.iter().copied().max().unwrap_or(1)) as u64;
-    let b = buffer(o, usize::MAX / 2);
-    for k in 0..keys {
-        b.insert(k, vec![k as f64; 8]).unwrap();
-    }
+    let b = resident(o, 0..keys);
     // Raw floor: a plain HashMap lookup and Arc clone, one thread.
-    let raw_map: HashMap<u64, Arc<Vec<f64>>> = (0..keys)
-        .map(|k| (k, Arc::new(vec![k as f64; 8])))
-        .collect();
+    let raw_map = common::floor_map(0..keys);
     let name = if use_get { "get" } else { "try_pin" };
     let mut one_thread = 0.0;
     let mut one_thread_cpu = 0.0;
@@ -314,11 +318,7 @@ fn hit(o: &Opts, use_get: bool) {
             (0..t as u64)
                 .map(|ti| {
                     let span = keys / t as u64;
-                    let own = buffer(o, usize::MAX / 2);
-                    for k in ti * span..(ti + 1) * span {
-                        own.insert(k, vec![k as f64; 8]).unwrap();
-                    }
-                    own
+                    resident(o, ti * span..(ti + 1) * span)
                 })
                 .collect()
         } else {
@@ -476,10 +476,7 @@ fn pin_once(o: &Opts) {
     let (mut ops, mut raws, mut cpu_per_op) = (Vec::new(), Vec::new(), Vec::new());
     let mut lat = Vec::new();
     for rep in 0..o.repeat {
-        let b = buffer(o, usize::MAX / 2);
-        for k in 0..keys {
-            b.insert(k, vec![k as f64; 8]).unwrap();
-        }
+        let b = resident(o, 0..keys);
         let mut order: Vec<u64> = (0..keys).collect();
         order.shuffle(&mut StdRng::seed_from_u64(rep as u64));
         let cpu0 = thread_cpu_ns();
@@ -496,9 +493,7 @@ fn pin_once(o: &Opts) {
         cpu_per_op.push((thread_cpu_ns() - cpu0) as f64 / keys as f64);
         ops.push(keys as f64 / took.as_secs_f64());
         drop(b);
-        let raw_map: HashMap<u64, Arc<Vec<f64>>> = (0..keys)
-            .map(|k| (k, Arc::new(vec![k as f64; 8])))
-            .collect();
+        let raw_map = common::floor_map(0..keys);
         let start = Instant::now();
         for k in &order {
             std::hint::black_box(raw_map.get(k).cloned());

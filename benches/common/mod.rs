@@ -267,6 +267,17 @@ where
     })
 }
 
+/// The value of key `k` in the hit-path workloads: 64 bytes.
+pub fn hit_value(k: u64) -> Vec<f64> {
+    vec![k as f64; 8]
+}
+
+/// The floor of the hit-path workloads: `keys` in a `HashMap`, each with
+/// its [`hit_value`] behind an `Arc`.
+pub fn floor_map(keys: std::ops::Range<u64>) -> HashMap<u64, Arc<Vec<f64>>> {
+    keys.map(|k| (k, Arc::new(hit_value(k)))).collect()
+}
+
 /// The hardware's ceiling for the hit loop on `threads` threads: each
 /// looks up `iters` of its [`own_keys`] in a `HashMap` of its own and
 /// clones (then drops) the `Arc` it finds, sharing nothing. Returns the
@@ -274,9 +285,7 @@ where
 pub fn parallel_floor(keys: u64, threads: usize, iters: usize, seed: u64) -> Duration {
     slowest(threads, |t, go| {
         let span = keys / threads as u64;
-        let map: HashMap<u64, Arc<Vec<f64>>> = (t as u64 * span..(t as u64 + 1) * span)
-            .map(|k| (k, Arc::new(vec![k as f64; 8])))
-            .collect();
+        let map = floor_map(t as u64 * span..(t as u64 + 1) * span);
         let order = own_keys(keys, t, threads, seed);
         let start = go();
         for i in 0..iters {

@@ -374,9 +374,9 @@ impl<K, V> Node<K, V> {
         self.set_flag(CELLED, celled);
     }
 
-    /// Whether it was pinned and released through its shard before; marks
-    /// it so from now on.
-    pub(crate) fn pinned_before(&mut self) -> bool {
+    /// Marks it pinned and released through its shard; whether it was
+    /// before.
+    pub(crate) fn mark_pinned(&mut self) -> bool {
         let before = self.flags & PINNED_BEFORE != 0;
         self.set_flag(PINNED_BEFORE, true);
         before

@@ -49,7 +49,7 @@ struct Queued<K, V> {
 
 /// Once a shard is at its budget, one in this many entries that ask for a
 /// cell get one (see the module docs).
-pub(crate) const ADMIT_ONE_IN: u64 = 16;
+const ADMIT_ONE_IN: u64 = 16;
 
 /// The cells a shard gave, oldest first (see the module docs).
 pub(crate) struct Retire<K, V> {
@@ -116,11 +116,10 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
     /// budget, if it is drawn: the next hits on it take no lock.
     /// [`Shard::trim_cells`] then keeps the shard within its budget.
     pub(super) fn give_cell(&mut self, idx: u32, tick: u64) {
-        let n = self.node(idx);
-        if n.celled() || self.cells.budget == 0 {
+        if self.cells.budget == 0 || self.node(idx).celled() {
             return;
         }
-        if !self.node_mut(idx).pinned_before() {
+        if !self.node_mut(idx).mark_pinned() {
             return;
         }
         if self.retire.count >= self.cells.budget && !self.retire.admit() {
