@@ -163,10 +163,12 @@ impl<K, V> Builder<K, V> {
     /// value stays in memory; beyond this many, the keys not pinned for
     /// longest give theirs up, and their pins take the shard's lock
     /// (about three times slower) until they get one again: once this
-    /// many keys have a cell, one in 16 of the keys unpinned without one
-    /// gets a cell, drawn at random, so that keys pinned a few times do
-    /// not turn the cells over, and keys pinned over and over, more of
-    /// them than the cells, keep theirs for many rounds. Each cell
+    /// many keys have a cell, a key unpinned without one takes the cell
+    /// of a key idle for longer than its own last two pins were apart
+    /// (and for at least this many uses), so a new set of keys in use
+    /// takes over the cells of keys no longer used; otherwise one in 16
+    /// such keys gets a cell, drawn at random, so that keys pinned in
+    /// turn, more of them than the cells, keep theirs for many rounds. Each cell
     /// costs about 160 bytes (its place in the index, with the key, and
     /// the place's share of the index's table), so the default bounds
     /// them at about 2.5 MiB whatever the number of keys (places are

@@ -438,7 +438,7 @@ impl<V> HitCell<V> {
         self.word.load(Relaxed) & OPEN != 0
     }
 
-    #[cfg(test)]
+    /// Cell pins held now (a racing hit may change it at once).
     pub(crate) fn pins(&self) -> u32 {
         (self.word.load(Relaxed) & PINS) as u32
     }

@@ -123,6 +123,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
                                 index: Arc::clone(&hits),
                                 shard: s as u32,
                                 budget: cfg.hit_cells.div_ceil(cfg.shards),
+                                total: cfg.hit_cells as u64,
                             },
                         )),
                         tails: [AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX)],

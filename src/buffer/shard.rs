@@ -38,6 +38,10 @@ pub(crate) struct Cells<K, V> {
     /// the least recently hit give theirs up: `cells::Retire`); 0 gives
     /// none, and every pin takes the shard's path.
     pub budget: usize,
+    /// The buffer's whole budget of cells (`Builder::hit_cells`): a cell
+    /// used within this many ticks is among the uses the budget covers,
+    /// so an asker never takes its place without a draw (`cells::Retire`).
+    pub total: u64,
 }
 
 /// Readers to answer after unlocking.
@@ -168,6 +172,7 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
                 )),
                 shard: 0,
                 budget: usize::MAX,
+                total: u64::MAX,
             },
         )
     }

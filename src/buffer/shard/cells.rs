@@ -8,16 +8,22 @@
 //! memory cells take (their places in the index) stays bounded however
 //! many keys were ever pinned.
 //!
-//! Once the shard is at its budget, a new cell costs a retirement, so it
-//! is given to one in [`ADMIT_ONE_IN`] of the entries that ask, drawn at
-//! random. Keys pinned over and over then get a cell after a few pins
-//! through the shard, while keys pinned a few times, or more keys pinned
-//! in turn than there are cells, no longer turn every cell over: with
-//! every asker admitted, keys pinned in a cycle longer than the budget
-//! retire each cell before its next hit (as in any LRU), so every pin
-//! pays for a cell given and one retired and none is a hit; drawn, the
-//! cells stay with the keys that got them for many cycles and take their
-//! share of the hits.
+//! Once the shard is at its budget, a new cell costs a retirement, so an
+//! entry that asks gets one only if a cell it would displace has
+//! *outlived* it, or else if it is drawn (one in [`ADMIT_ONE_IN`], at
+//! random). A cell has outlived the asker when it has been idle for
+//! longer than the asker went between its last two pins, and for at
+//! least as many ticks as the buffer has cells (`Builder::hit_cells`):
+//! a cell used within that many ticks (that many uses, for one thread)
+//! is one an LRU of that many cells would keep. So a new set of keys
+//! pinned over and over takes the cells of keys no longer used at its
+//! second pin through the shard, while keys pinned in a cycle longer than
+//! the budget, each idle for less than its cycle, do not take each
+//! other's: with every asker admitted, such keys retire each cell before
+//! its next hit (as in any LRU), so every pin pays for a cell given and
+//! one retired and none is a hit; drawn, the cells stay with the keys
+//! that got them for many cycles and take their share of the hits. An
+//! asker looks at the first [`LOOK_AHEAD`] cells of the queue only.
 //!
 //! Which cell goes is decided by a queue of the cells given, oldest first,
 //! each with its `last_use` when it was queued: a cell released since
@@ -48,8 +54,12 @@ struct Queued<K, V> {
 }
 
 /// Once a shard is at its budget, one in this many entries that ask for a
-/// cell get one (see the module docs).
+/// cell get one, unless the cell to go has outlived them (see the module
+/// docs).
 const ADMIT_ONE_IN: u64 = 16;
+
+/// How many places of the queue an asker looks at for the cell to go.
+const LOOK_AHEAD: usize = 4;
 
 /// The cells a shard gave, oldest first (see the module docs).
 pub(crate) struct Retire<K, V> {
@@ -113,7 +123,8 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
 
     /// Give `idx` (resident, about to be linked at `tick`) a hit cell if it
     /// has none and was pinned before, and, should the shard be at its
-    /// budget, if it is drawn: the next hits on it take no lock.
+    /// budget, if a cell has outlived it or it is drawn: the next hits on
+    /// it take no lock.
     /// [`Shard::trim_cells`] then keeps the shard within its budget.
     pub(super) fn give_cell(&mut self, idx: u32, tick: u64) {
         if self.cells.budget == 0 || self.node(idx).celled() {
@@ -122,8 +133,11 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         if !self.node_mut(idx).mark_pinned() {
             return;
         }
-        if self.retire.count >= self.cells.budget && !self.retire.admit() {
-            return;
+        if self.retire.count >= self.cells.budget {
+            let reuse = tick.saturating_sub(self.node(idx).tick);
+            if !self.outlived(tick, reuse) && !self.retire.admit() {
+                return;
+            }
         }
         let n = self.node(idx);
         let Some(value) = n.state().value() else {
@@ -143,6 +157,29 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
             gen: cell.gen(),
             last_use: tick,
         });
+    }
+
+    /// Whether one of the first [`LOOK_AHEAD`] cells of the queue, not
+    /// pinned now, has been idle at `now` for longer than `reuse` (how
+    /// long the asker went between its last two pins) and for at least
+    /// the buffer's budget of ticks. That cell is then marked as not
+    /// released since queued, so that [`Shard::trim_cells`] retires it,
+    /// or an older idle one, rather than the cell about to be given.
+    fn outlived(&mut self, now: u64, reuse: u64) -> bool {
+        for i in 0..self.retire.queue.len().min(LOOK_AHEAD) {
+            let q = &self.retire.queue[i];
+            // The cheap test first: most asks find cells in use.
+            let used = q.cell.last_use();
+            let idle = now.saturating_sub(used);
+            if idle <= reuse || idle < self.cells.total {
+                continue;
+            }
+            if q.cell.pins() == 0 && self.current(q) {
+                self.retire.queue[i].last_use = used;
+                return true;
+            }
+        }
+        false
     }
 
     /// `idx`'s value is leaving memory, or the entry the index, or its

@@ -267,25 +267,63 @@ fn cells_stay_within_their_budget_and_the_least_recently_hit_go_first() {
     b.validate().unwrap();
 }
 
+/// A buffer of sixteen shards with room for 64 values and `cells` hit
+/// cells, and the first `n` keys of shard 0: each shard keeps a
+/// sixteenth of the cells, and a cell is in use for `cells` ticks.
+fn shard_of_many(
+    dir: &std::path::Path,
+    cells: usize,
+    n: usize,
+) -> (SpillBuffer<u64, Vec<f64>>, Vec<u64>) {
+    let b = SpillBuffer::builder(dir)
+        .memory_target(64 * W)
+        .shards(16)
+        .hit_cells(cells)
+        .build()
+        .unwrap();
+    let keys: Vec<u64> = (0..)
+        .filter(|k| b.inner().shard_of(k) == 0)
+        .take(n)
+        .collect();
+    for &k in &keys {
+        b.insert(k, value(k)).unwrap();
+    }
+    (b, keys)
+}
+
 /// A cell drawn at the budget while every other cell was hit since it
-/// was queued is retired at once, so that keys in use keep theirs; drawn
-/// again once the others are idle, the key keeps its cell and the oldest
-/// idle one goes.
+/// was queued is retired at once, so that keys in use keep theirs; once
+/// the others are idle, the key keeps its cell and the oldest idle one
+/// goes.
 #[test]
 fn a_cell_drawn_while_all_others_are_in_use_goes_first() {
     let dir = tempfile::tempdir().unwrap();
-    let b = buffer_with_cells(dir.path(), 2);
+    // Two cells in shard 0, in use for 32 ticks.
+    let (b, keys) = shard_of_many(dir.path(), 32, 3);
+    let [used, also_used, asker] = keys[..] else {
+        unreachable!()
+    };
     let retired = || b.inner().with_shard(0, |s| s.cells_retired());
-    let celled = || (0..3).filter(|&k| has_cell(&b, k)).collect::<Vec<u64>>();
-    for k in 0..3 {
-        b.insert(k, value(k)).unwrap();
+    let celled = || keys.iter().filter(|&&k| has_cell(&b, k)).count();
+    drop(hit(&b, used));
+    drop(hit(&b, also_used));
+    // The asker is pinned between hits of the others until drawn.
+    let mut asks = 0;
+    while retired() == 0 {
+        for k in [used, also_used] {
+            assert!(b.try_pin(&k).unwrap().is_hit(), "{k}'s cell went");
+        }
+        drop(b.try_pin(&asker).unwrap());
+        asks += 1;
+        assert!(asks < 1000, "no cell drawn in 1000 asks");
     }
-    // 0 and 1 are hit after their cells were given (and queued).
-    drop(hit(&b, 0));
-    drop(hit(&b, 1));
-    pin_until_celled(&b, 2, 2);
-    assert_eq!(celled(), [1, 2], "0, the oldest idle cell, went");
-    assert_eq!(retired(), 2, "2's first cell went at once, then 0's");
+    assert!(has_cell(&b, used) && has_cell(&b, also_used));
+    assert!(!has_cell(&b, asker), "the drawn cell stayed");
+    // Now the others are idle.
+    pin_until_celled(&b, asker, 2);
+    assert_eq!(celled(), 2);
+    assert!(!has_cell(&b, used), "the oldest idle cell stayed");
+    assert_eq!(retired(), 2);
     b.validate().unwrap();
 }
 
@@ -319,6 +357,82 @@ fn keys_pinned_in_turn_beyond_the_budget_keep_their_cells() {
         hits * 3 >= pins,
         "{hits} hits of the last {pins} pins: cells turned over"
     );
+    b.validate().unwrap();
+}
+
+/// A new set of keys pinned over and over, arriving when every cell is
+/// given to keys no longer used, takes their cells at its second pin
+/// through the shard: the cell to go has been idle for longer than the
+/// asker went between its pins. Were the askers drawn, one in 16, the
+/// third round would find one key in 16 with a cell.
+#[test]
+fn a_new_hot_set_takes_the_cells_of_an_idle_one_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    const CELLS: u64 = 8;
+    let b = buffer_with_cells(dir.path(), CELLS as usize);
+    for k in 0..2 * CELLS {
+        b.insert(k, value(k)).unwrap();
+    }
+    for k in 0..CELLS {
+        drop(hit(&b, k));
+    }
+    // One round: each new key pinned once; its hits.
+    let round = || {
+        (CELLS..2 * CELLS)
+            .filter(|k| {
+                let p = b.try_pin(k).expect("resident");
+                assert_eq!(p[0], *k as f64);
+                p.is_hit()
+            })
+            .count()
+    };
+    assert_eq!(round(), 0, "new keys had cells");
+    assert_eq!(round(), 0, "a key pinned once had a cell");
+    assert_eq!(round(), CELLS as usize, "the new set has no cells");
+    assert_eq!(b.inner().hits.len(), CELLS as usize);
+    assert!(
+        (0..CELLS).all(|k| !has_cell(&b, k)),
+        "an idle key kept its cell"
+    );
+    b.validate().unwrap();
+}
+
+/// A cell used within the last `hit_cells` ticks (a tick per use, for a
+/// single thread) is among the uses the budget covers, as in an LRU of
+/// that many cells: a key pinned twice in a row does not take its place
+/// but by the draw. Once that many uses of other keys have passed, it
+/// does.
+#[test]
+fn a_cell_used_within_the_budgets_ticks_stays_against_a_key_pinned_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    // Sixteen shards of 8 cells: 128 ticks, far more than one shard's
+    // cells take to give.
+    const TOTAL: usize = 128;
+    let (b, mut keys) = shard_of_many(dir.path(), TOTAL, 9);
+    let asker = keys.pop().unwrap();
+    let celled = keys;
+    let elsewhere = (0..).find(|k| b.inner().shard_of(k) != 0).unwrap();
+    b.insert(elsewhere, value(elsewhere)).unwrap();
+    for &k in &celled {
+        assert_eq!(pin_until_celled(&b, k, TOTAL), 2, "{k}: under the budget");
+    }
+    let pin = |k: u64| {
+        let p = b.try_pin(&k).unwrap();
+        assert!(!p.is_hit(), "{k} had a cell");
+    };
+    pin(asker);
+    pin(asker);
+    assert!(
+        !has_cell(&b, asker),
+        "a key pinned twice took a cell in use"
+    );
+    for _ in 0..TOTAL {
+        drop(b.try_pin(&elsewhere).unwrap());
+    }
+    pin(asker);
+    assert!(has_cell(&b, asker), "the oldest cell outlived the budget");
+    assert!(!has_cell(&b, celled[0]), "the oldest cell stayed");
+    assert!(celled[1..].iter().all(|&k| has_cell(&b, k)));
     b.validate().unwrap();
 }
 
