@@ -129,6 +129,8 @@ pub(crate) struct Shard<K, V> {
     /// the buffer raises the shard's clock to it, so later links come
     /// after it.
     repaired: u64,
+    /// Pins of a value in memory that took this shard's lock.
+    locked_pins: u64,
 }
 
 impl<K: Hash + Eq + Clone, V> Shard<K, V> {
@@ -147,6 +149,7 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
             cells,
             retire: cells::Retire::default(),
             repaired: 0,
+            locked_pins: 0,
         }
     }
 
@@ -356,6 +359,13 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         self.cells.index.get(&n.key)
     }
 
+    /// For [`crate::Stats`]: entries with a hit cell, cells retired so
+    /// far, and pins of a value in memory that took this shard's lock.
+    pub(crate) fn hit_counts(&self) -> (u64, u64, u64) {
+        let (cells, retired) = self.retire.counts();
+        (cells, retired, self.locked_pins)
+    }
+
     /// The newest tick an entry was moved up to since the last call.
     pub(crate) fn take_repaired(&mut self) -> u64 {
         std::mem::take(&mut self.repaired)
@@ -395,6 +405,7 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
             self.unlink(idx);
             let d = self.node_mut(idx).pin();
             self.add(d);
+            self.locked_pins += 1;
             return Found::Hit {
                 slot: idx,
                 version,
@@ -899,12 +910,6 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
             return Err(format!("slot {i}: cell leased, entry unpinned"));
         }
         Ok(())
-    }
-
-    /// Hit cells retired so far.
-    #[cfg(test)]
-    pub(crate) fn cells_retired(&self) -> u64 {
-        self.retire.retired()
     }
 
     /// Entries with a hit cell.

@@ -103,10 +103,9 @@ impl<K, V> Retire<K, V> {
         self.count
     }
 
-    /// Cells retired so far.
-    #[cfg(test)]
-    pub(crate) fn retired(&self) -> u64 {
-        self.retired
+    /// Entries with a cell, and cells retired so far.
+    pub(crate) fn counts(&self) -> (u64, u64) {
+        (self.count as u64, self.retired)
     }
 }
 

@@ -303,7 +303,7 @@ fn a_cell_drawn_while_all_others_are_in_use_goes_first() {
     let [used, also_used, asker] = keys[..] else {
         unreachable!()
     };
-    let retired = || b.inner().with_shard(0, |s| s.cells_retired());
+    let retired = || b.stats().hit_cells_retired_total;
     let celled = || keys.iter().filter(|&&k| has_cell(&b, k)).count();
     drop(hit(&b, used));
     drop(hit(&b, also_used));
@@ -433,6 +433,42 @@ fn a_cell_used_within_the_budgets_ticks_stays_against_a_key_pinned_twice() {
     assert!(has_cell(&b, asker), "the oldest cell outlived the budget");
     assert!(!has_cell(&b, celled[0]), "the oldest cell stayed");
     assert!(celled[1..].iter().all(|&k| has_cell(&b, k)));
+    b.validate().unwrap();
+}
+
+/// `Stats` counts the keys with a cell, the cells retired and the pins
+/// through a lock; hits are not counted.
+#[test]
+fn stats_count_cells_retirements_and_locked_pins() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = buffer_with_cells(dir.path(), 2);
+    for k in 0..3 {
+        b.insert(k, value(k)).unwrap();
+    }
+    let counts = || {
+        let s = b.stats();
+        (s.hit_cells, s.hit_cells_retired_total, s.locked_pins_total)
+    };
+    assert_eq!(counts(), (0, 0, 0));
+    assert!(!b.stats().to_string().contains("pins through a lock"));
+    drop(hit(&b, 0));
+    assert_eq!(counts(), (1, 0, 2), "two pins through the lock, one hit");
+    drop(hit(&b, 1));
+    // Every cell given: 2 takes the one idle longest (0's) at its second
+    // pin, and 0 then pins through the lock.
+    let pins = pin_until_celled(&b, 2, 2) as u64;
+    drop(b.try_pin(&0).unwrap());
+    assert_eq!(counts(), (2, 1, 5 + pins));
+    assert!(b.try_pin(&2).unwrap().is_hit());
+    assert_eq!(counts(), (2, 1, 5 + pins));
+    let shown = b.stats().to_string();
+    assert!(
+        shown.contains(&format!(
+            "pins through a lock: {}; hit cells: 2 (1 retired)",
+            5 + pins
+        )),
+        "{shown}"
+    );
     b.validate().unwrap();
 }
 
