@@ -394,7 +394,8 @@ class SpillBuffer(MutableMapping):
         self._report_errors()
 
     def stats(self) -> dict[str, float]:
-        """The Rust buffer's gauges and counters."""
+        """Every field of the Rust buffer's ``Stats`` under its own name
+        (docs/stats.md), plus the package's serialization counters."""
         return self._core.stats()
 
     @property

@@ -430,25 +430,81 @@ impl Core {
         py.allow_threads(|| buf.flush_blocking()).map_err(to_py_err)
     }
 
-    /// Counters and gauges, as a dict.
+    /// Counters and gauges, as a dict: every field of the Rust `Stats`
+    /// under its own name, plus the package's own serialization counters.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.buffer()?.stats();
+        // Destructured without `..`, so a field added to `Stats` fails to
+        // compile here until the dict carries it too.
+        let Stats {
+            memory_bytes,
+            memory_count,
+            spilling_bytes,
+            detached_bytes,
+            detached_count,
+            set_aside_bytes,
+            disk_bytes,
+            disk_count,
+            file_bytes,
+            spilled_bytes_total,
+            spill_count_total,
+            unspilled_bytes_total,
+            unspill_count_total,
+            clean_evictions_total,
+            spill_errors_total,
+            spill_errors_encode_total,
+            spill_errors_io_total,
+            spill_budget_refusals_total,
+            compacted_count_total,
+            spill_seconds_total,
+            unspill_seconds_total,
+            records_sent_total,
+            records_sent_encoded_total,
+            records_sent_bytes_total,
+            records_received_total,
+            records_received_bytes_total,
+            io_busy_seconds_total,
+            hit_cells,
+            locked_pins_total,
+            hit_cells_retired_total,
+        } = self.buffer()?.stats();
         let d = PyDict::new(py);
-        d.set_item("memory_bytes", s.memory_bytes)?;
-        d.set_item("memory_count", s.memory_count)?;
-        d.set_item("spilling_bytes", s.spilling_bytes)?;
-        d.set_item("disk_bytes", s.disk_bytes)?;
-        d.set_item("disk_count", s.disk_count)?;
-        d.set_item("file_bytes", s.file_bytes)?;
-        d.set_item("spilled_bytes_total", s.spilled_bytes_total)?;
-        d.set_item("spill_count_total", s.spill_count_total)?;
-        d.set_item("unspilled_bytes_total", s.unspilled_bytes_total)?;
-        d.set_item("unspill_count_total", s.unspill_count_total)?;
-        d.set_item("clean_evictions_total", s.clean_evictions_total)?;
-        d.set_item("spill_errors_total", s.spill_errors_total)?;
-        d.set_item("spill_budget_refusals_total", s.spill_budget_refusals_total)?;
-        d.set_item("spill_seconds_total", s.spill_seconds_total)?;
-        d.set_item("unspill_seconds_total", s.unspill_seconds_total)?;
+        macro_rules! put {
+            ($($field:ident),* $(,)?) => {
+                $(d.set_item(stringify!($field), $field)?;)*
+            };
+        }
+        put!(
+            memory_bytes,
+            memory_count,
+            spilling_bytes,
+            detached_bytes,
+            detached_count,
+            set_aside_bytes,
+            disk_bytes,
+            disk_count,
+            file_bytes,
+            spilled_bytes_total,
+            spill_count_total,
+            unspilled_bytes_total,
+            unspill_count_total,
+            clean_evictions_total,
+            spill_errors_total,
+            spill_errors_encode_total,
+            spill_errors_io_total,
+            spill_budget_refusals_total,
+            compacted_count_total,
+            spill_seconds_total,
+            unspill_seconds_total,
+            records_sent_total,
+            records_sent_encoded_total,
+            records_sent_bytes_total,
+            records_received_total,
+            records_received_bytes_total,
+            io_busy_seconds_total,
+            hit_cells,
+            locked_pins_total,
+            hit_cells_retired_total,
+        );
         d.set_item("weight_total", self.weight_total.load(Relaxed))?;
         d.set_item(
             "serialize_seconds_total",
@@ -462,7 +518,6 @@ impl Core {
             "serialized_bytes_total",
             self.hooks.fresh_bytes.load(Relaxed),
         )?;
-        d.set_item("compacted_count_total", s.compacted_count_total)?;
         d.set_item(
             "deserialize_seconds_total",
             self.deserialize_nanos.load(Relaxed) as f64 * 1e-9,

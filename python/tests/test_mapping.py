@@ -270,6 +270,33 @@ def test_max_spill_keeps_the_rest_in_memory(make):
         assert buf[i][0] == i
 
 
+def test_stats_carry_every_counter_of_the_rust_buffer(make):
+    buf = make(target=1 << 30)
+    buf["a"] = b"x" * 1000
+    for _ in range(4):
+        assert buf["a"] == b"x" * 1000
+    s = buf.stats()
+    # A few of the Rust `Stats` fields the dict once left out, and the
+    # package's own counters.
+    for name in (
+        "detached_bytes",
+        "set_aside_bytes",
+        "spill_errors_encode_total",
+        "spill_errors_io_total",
+        "records_sent_total",
+        "io_busy_seconds_total",
+        "serialized_count_total",
+        "deserialize_seconds_total",
+    ):
+        assert name in s, name
+    # A key read over and over takes a hit cell after its first pins,
+    # which went through the shard's lock.
+    assert s["hit_cells"] == 1
+    assert s["locked_pins_total"] >= 1
+    assert s["hit_cells_retired_total"] == 0
+    assert s["memory_count"] == 1
+
+
 def test_evict_protocol(make):
     buf = make(target=1 << 30, evict_in_flight=1 << 40)
     buf.evict_wait = 30.0  # each evict() returns once its write landed
