@@ -314,6 +314,7 @@ fn hit(o: &Opts, use_get: bool) {
         let mut cpu_per_op = Vec::new();
         let mut pars = Vec::new();
         let mut owns = Vec::new();
+        let mut own_cpu = Vec::new();
         let own: Vec<Buf> = if t > 1 {
             (0..t as u64)
                 .map(|ti| {
@@ -324,8 +325,13 @@ fn hit(o: &Opts, use_get: bool) {
         } else {
             Vec::new()
         };
+        // Pins of the shared buffer that went through a shard's lock (a
+        // key's first pins, and keys without a hit cell), over every repeat.
+        let locked_before = b.stats().locked_pins_total;
+        let mut pins = 0;
         for rep in 0..o.repeat {
             let per_thread = o.hit_ops / 64 * 64;
+            pins += per_thread * t;
             let results = hit_threads(&[&b], keys, t, per_thread, rep, use_get);
             let slowest = results.iter().map(|r| r.0).max().unwrap();
             ops.push((per_thread * t) as f64 / slowest.as_secs_f64());
@@ -353,8 +359,11 @@ fn hit(o: &Opts, use_get: bool) {
                 let res = hit_threads(&bufs, keys, t, per_thread, rep, use_get);
                 let slowest = res.iter().map(|r| r.0).max().unwrap();
                 owns.push((per_thread * t) as f64 / slowest.as_secs_f64());
+                let cpu: u64 = res.iter().map(|r| r.2).sum();
+                own_cpu.push(cpu as f64 / (per_thread * t) as f64);
             }
         }
+        let locked = b.stats().locked_pins_total - locked_before;
         let par = median(&mut pars);
         if t == 1 {
             one_thread_par = par;
@@ -388,6 +397,11 @@ fn hit(o: &Opts, use_get: bool) {
         } else {
             median(&mut owns)
         };
+        let own_cpu_ns = if own_cpu.is_empty() {
+            cpu_ns
+        } else {
+            median(&mut own_cpu)
+        };
         let own_scaling = if one_thread > 0.0 {
             own_ops / one_thread
         } else {
@@ -414,6 +428,8 @@ fn hit(o: &Opts, use_get: bool) {
                     "parallel_floor_scaling_vs_1_thread": (par_scaling * 1000.0).round() / 1000.0,
                     "own_buffers_ops_per_s": own_ops.round(),
                     "own_buffers_scaling_vs_1_thread": (own_scaling * 1000.0).round() / 1000.0,
+                    "own_buffers_cpu_ns_per_op": (own_cpu_ns * 10.0).round() / 10.0,
+                    "locked_pin_share": (locked as f64 / pins.max(1) as f64 * 1e5).round() / 1e5,
                 }),
             },
         );
