@@ -479,8 +479,8 @@ impl<K: Key, V: Spill> Inner<K, V> {
             ..Stats::default()
         };
         self.metrics.fill(&mut st);
-        for s in 0..self.shards.len() {
-            let (cells, retired, locked) = self.shards[s].core.lock().hit_counts();
+        for shard in self.shards.iter() {
+            let (cells, retired, locked) = shard.core.lock().hit_counts();
             st.hit_cells += cells;
             st.hit_cells_retired_total += retired;
             st.locked_pins_total += locked;
