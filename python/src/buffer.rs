@@ -433,47 +433,17 @@ impl Core {
     /// Counters and gauges, as a dict: every field of the Rust `Stats`
     /// under its own name, plus the package's own serialization counters.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        // Destructured without `..`, so a field added to `Stats` fails to
-        // compile here until the dict carries it too.
-        let Stats {
-            memory_bytes,
-            memory_count,
-            spilling_bytes,
-            detached_bytes,
-            detached_count,
-            set_aside_bytes,
-            disk_bytes,
-            disk_count,
-            file_bytes,
-            spilled_bytes_total,
-            spill_count_total,
-            unspilled_bytes_total,
-            unspill_count_total,
-            clean_evictions_total,
-            spill_errors_total,
-            spill_errors_encode_total,
-            spill_errors_io_total,
-            spill_budget_refusals_total,
-            compacted_count_total,
-            spill_seconds_total,
-            unspill_seconds_total,
-            records_sent_total,
-            records_sent_encoded_total,
-            records_sent_bytes_total,
-            records_received_total,
-            records_received_bytes_total,
-            io_busy_seconds_total,
-            hit_cells,
-            locked_pins_total,
-            hit_cells_retired_total,
-        } = self.buffer()?.stats();
         let d = PyDict::new(py);
-        macro_rules! put {
-            ($($field:ident),* $(,)?) => {
+        // Each field under its own name. The pattern has no `..`, so a
+        // field added to `Stats` fails to compile here until it is listed.
+        macro_rules! put_all {
+            ($stats:expr, $($field:ident),* $(,)?) => {
+                let Stats { $($field),* } = $stats;
                 $(d.set_item(stringify!($field), $field)?;)*
             };
         }
-        put!(
+        put_all!(
+            self.buffer()?.stats(),
             memory_bytes,
             memory_count,
             spilling_bytes,
