@@ -2,7 +2,9 @@
 //! hot key per thread and random keys among 1k to 1M, one and two threads
 //! (each on its own keys), next to a plain `HashMap` lookup with an `Arc`
 //! clone and a `memcpy` of the value, and the same lookup on one and two
-//! threads that share nothing: the two-thread scaling the machine allows.
+//! threads that share nothing (the two-thread scaling the machine allows)
+//! and on one and two threads sharing one map (what sharing one structure
+//! costs on this machine).
 
 #[path = "common/mod.rs"]
 mod common;
@@ -66,8 +68,19 @@ fn hit(c: &mut Criterion) {
                 },
             );
         }
-        g.throughput(Throughput::Bytes(VALUE as u64));
         let map = common::floor_map(0..keys);
+        for threads in [1usize, 2] {
+            g.throughput(Throughput::Bytes((VALUE * threads) as u64));
+            g.bench_function(
+                format!("raw/shared-hashmap-get-arc-clone/{name}/{threads}-threads"),
+                |bn| {
+                    bn.iter_custom(|iters| {
+                        common::shared_floor(&map, keys, threads, iters as usize, 0)
+                    })
+                },
+            );
+        }
+        g.throughput(Throughput::Bytes(VALUE as u64));
         let mut rng = common::rng(9);
         let order: Vec<u64> = (0..4096).map(|_| rng.gen_range(0..keys)).collect();
         g.bench_function(format!("raw/hashmap-get-arc-clone/{name}"), |bn| {

@@ -306,6 +306,7 @@ fn hit(o: &Opts, use_get: bool) {
     let mut one_thread = 0.0;
     let mut one_thread_cpu = 0.0;
     let mut one_thread_par = 0.0;
+    let mut one_thread_shared = 0.0;
     for &t in &o.threads {
         reset_peak();
         let mut ops = Vec::new();
@@ -313,6 +314,7 @@ fn hit(o: &Opts, use_get: bool) {
         let mut lat = Vec::new();
         let mut cpu_per_op = Vec::new();
         let mut pars = Vec::new();
+        let mut shareds = Vec::new();
         let mut owns = Vec::new();
         let mut own_cpu = Vec::new();
         let own: Vec<Buf> = if t > 1 {
@@ -352,6 +354,10 @@ fn hit(o: &Opts, use_get: bool) {
             // them: its scaling is what the crate's can reach.
             let floor = common::parallel_floor(keys, t, per_thread, rep as u64 * 100);
             pars.push((per_thread * t) as f64 / floor.as_secs_f64());
+            // The same with every thread on one map: what sharing one
+            // structure costs on this machine, nothing of the crate in it.
+            let shared = common::shared_floor(&raw_map, keys, t, per_thread, rep as u64 * 100);
+            shareds.push((per_thread * t) as f64 / shared.as_secs_f64());
             // The crate's own ceiling: each thread its own buffer of its
             // keys, so that nothing in the crate is shared.
             if !own.is_empty() {
@@ -365,9 +371,16 @@ fn hit(o: &Opts, use_get: bool) {
         }
         let locked = b.stats().locked_pins_total - locked_before;
         let par = median(&mut pars);
+        let shared_floor = median(&mut shareds);
         if t == 1 {
             one_thread_par = par;
+            one_thread_shared = shared_floor;
         }
+        let shared_scaling = if one_thread_shared > 0.0 && t > 1 {
+            shared_floor / one_thread_shared
+        } else {
+            1.0
+        };
         let par_scaling = if one_thread_par > 0.0 && t > 1 {
             par / one_thread_par
         } else {
@@ -426,6 +439,8 @@ fn hit(o: &Opts, use_get: bool) {
                     "resident_keys": keys,
                     "parallel_floor_ops_per_s": par.round(),
                     "parallel_floor_scaling_vs_1_thread": (par_scaling * 1000.0).round() / 1000.0,
+                    "shared_floor_ops_per_s": shared_floor.round(),
+                    "shared_floor_scaling_vs_1_thread": (shared_scaling * 1000.0).round() / 1000.0,
                     "own_buffers_ops_per_s": own_ops.round(),
                     "own_buffers_scaling_vs_1_thread": (own_scaling * 1000.0).round() / 1000.0,
                     "own_buffers_cpu_ns_per_op": (own_cpu_ns * 10.0).round() / 10.0,

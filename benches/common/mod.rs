@@ -294,3 +294,24 @@ pub fn parallel_floor(keys: u64, threads: usize, iters: usize, seed: u64) -> Dur
         start.elapsed()
     })
 }
+
+/// The same loop with every thread on one `map` of all `keys`, each on its
+/// [`own_keys`]: what sharing one map costs threads that read different
+/// keys of it (each `Arc` clone still writes only its key's count). Returns
+/// the slowest thread's time.
+pub fn shared_floor(
+    map: &HashMap<u64, Arc<Vec<f64>>>,
+    keys: u64,
+    threads: usize,
+    iters: usize,
+    seed: u64,
+) -> Duration {
+    slowest(threads, |t, go| {
+        let order = own_keys(keys, t, threads, seed);
+        let start = go();
+        for i in 0..iters {
+            black_box(map.get(&order[i & 4095]).cloned());
+        }
+        start.elapsed()
+    })
+}
