@@ -156,6 +156,16 @@ fn thread_cpu_ns() -> u64 {
         .unwrap_or(0)
 }
 
+/// `t` threads' ops/s over one thread's (1 for one thread, or when the
+/// run had no one-thread line).
+fn scaling_of(ops: f64, one_thread: f64, t: usize) -> f64 {
+    if one_thread > 0.0 && t > 1 {
+        ops / one_thread
+    } else {
+        1.0
+    }
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -346,9 +356,7 @@ fn hit(o: &Opts, use_get: bool) {
             let mut rng = StdRng::seed_from_u64(rep as u64);
             let order: Vec<u64> = (0..4096).map(|_| rng.gen_range(0..keys)).collect();
             let start = Instant::now();
-            for i in 0..per_thread {
-                std::hint::black_box(raw_map.get(&order[i & 4095]).cloned());
-            }
+            common::floor_lookups(&raw_map, &order, per_thread);
             raws.push(per_thread as f64 / start.elapsed().as_secs_f64());
             // The hardware's ceiling for `t` threads, as ops/s over all of
             // them: its scaling is what the crate's can reach.
@@ -376,16 +384,8 @@ fn hit(o: &Opts, use_get: bool) {
             one_thread_par = par;
             one_thread_shared = shared_floor;
         }
-        let shared_scaling = if one_thread_shared > 0.0 && t > 1 {
-            shared_floor / one_thread_shared
-        } else {
-            1.0
-        };
-        let par_scaling = if one_thread_par > 0.0 && t > 1 {
-            par / one_thread_par
-        } else {
-            1.0
-        };
+        let shared_scaling = scaling_of(shared_floor, one_thread_shared, t);
+        let par_scaling = scaling_of(par, one_thread_par, t);
         let ops = median(&mut ops);
         let cpu_ns = median(&mut cpu_per_op);
         if t == 1 {
@@ -399,11 +399,7 @@ fn hit(o: &Opts, use_get: bool) {
         } else {
             0.0
         };
-        let scaling = if one_thread > 0.0 && t > 1 {
-            ops / one_thread
-        } else {
-            1.0
-        };
+        let scaling = scaling_of(ops, one_thread, t);
         // With one thread the shared buffer is the thread's own.
         let own_ops = if owns.is_empty() {
             ops
@@ -415,11 +411,7 @@ fn hit(o: &Opts, use_get: bool) {
         } else {
             median(&mut own_cpu)
         };
-        let own_scaling = if one_thread > 0.0 {
-            own_ops / one_thread
-        } else {
-            1.0
-        };
+        let own_scaling = scaling_of(own_ops, one_thread, t);
         emit(
             o,
             Line {

@@ -278,6 +278,14 @@ pub fn floor_map(keys: std::ops::Range<u64>) -> HashMap<u64, Arc<Vec<f64>>> {
     keys.map(|k| (k, Arc::new(hit_value(k)))).collect()
 }
 
+/// The floors' loop: `iters` lookups of `order`'s keys in turn (it holds
+/// 4,096), each cloning, then dropping, the `Arc` it finds.
+pub fn floor_lookups(map: &HashMap<u64, Arc<Vec<f64>>>, order: &[u64], iters: usize) {
+    for i in 0..iters {
+        black_box(map.get(&order[i & 4095]).cloned());
+    }
+}
+
 /// The hardware's ceiling for the hit loop on `threads` threads: each
 /// looks up `iters` of its [`own_keys`] in a `HashMap` of its own and
 /// clones (then drops) the `Arc` it finds, sharing nothing. Returns the
@@ -288,9 +296,7 @@ pub fn parallel_floor(keys: u64, threads: usize, iters: usize, seed: u64) -> Dur
         let map = floor_map(t as u64 * span..(t as u64 + 1) * span);
         let order = own_keys(keys, t, threads, seed);
         let start = go();
-        for i in 0..iters {
-            black_box(map.get(&order[i & 4095]).cloned());
-        }
+        floor_lookups(&map, &order, iters);
         start.elapsed()
     })
 }
@@ -309,9 +315,7 @@ pub fn shared_floor(
     slowest(threads, |t, go| {
         let order = own_keys(keys, t, threads, seed);
         let start = go();
-        for i in 0..iters {
-            black_box(map.get(&order[i & 4095]).cloned());
-        }
+        floor_lookups(map, &order, iters);
         start.elapsed()
     })
 }
