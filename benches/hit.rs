@@ -28,10 +28,10 @@ const VALUE: usize = 64;
 /// the time is the slowest thread's.
 fn run(b: &common::Buf, keys: u64, threads: usize, iters: u64, get: bool) -> Duration {
     common::slowest(threads, |t, go| {
-        let order = common::own_keys(keys, t, threads, 0);
+        let order = common::own_keys(keys, t, threads, common::HIT_DRAWS, 0);
         let start = go();
         for i in 0..iters as usize {
-            let k = &order[i & 4095];
+            let k = &order[i % common::HIT_DRAWS];
             if get {
                 black_box(b.get(k).unwrap());
             } else {
@@ -64,7 +64,9 @@ fn hit(c: &mut Criterion) {
             g.bench_function(
                 format!("raw/parallel-hashmap-get-arc-clone/{name}/{threads}-threads"),
                 |bn| {
-                    bn.iter_custom(|iters| common::parallel_floor(keys, threads, iters as usize, 0))
+                    bn.iter_custom(|iters| {
+                        common::parallel_floor(keys, threads, iters as usize, common::HIT_DRAWS, 0)
+                    })
                 },
             );
         }
@@ -75,7 +77,14 @@ fn hit(c: &mut Criterion) {
                 format!("raw/shared-hashmap-get-arc-clone/{name}/{threads}-threads"),
                 |bn| {
                     bn.iter_custom(|iters| {
-                        common::shared_floor(&map, keys, threads, iters as usize, 0)
+                        common::shared_floor(
+                            &map,
+                            keys,
+                            threads,
+                            iters as usize,
+                            common::HIT_DRAWS,
+                            0,
+                        )
                     })
                 },
             );

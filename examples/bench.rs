@@ -6,7 +6,7 @@
 //! cargo run --release --example bench -- [--workload all|metadata|hit|get|pin-once|insert|spill|unspill|unspill-pipelined|policy]
 //!     [--dir DIR] [--small BYTES] [--large BYTES] [--count-small N] [--count-large N]
 //!     [--target BYTES] [--threads 1,2] [--compression lz4|none] [--keys N] [--io-threads N]
-//!     [--hit-ops N] [--hit-keys N] [--hit-cells N] [--repeat R] [--window W]
+//!     [--hit-ops N] [--hit-keys N] [--hit-draws N] [--hit-cells N] [--repeat R] [--window W]
 //! ```
 //!
 //! Every figure is the median of `--repeat` runs; crate and raw runs
@@ -17,6 +17,10 @@
 //! costs about as much as the call itself); for the pipelined unspill, each
 //! is one `pin` from its first poll to its value, its wait behind the other
 //! reads in flight included. Peak RSS is VmHWM, reset before each workload.
+//!
+//! In `hit` and `get`, each thread reads `--hit-draws` keys (4,096 unless
+//! told; a power of two) drawn at random from its own share of the
+//! `--hit-keys` resident ones, in turn, new draws in every repeat.
 //!
 //! `policy` (not part of `all`): `--hit-keys` values of `--small` bytes
 //! inserted once, then `--hit-ops` blocking `get`s in zipf(1) order and in
@@ -56,6 +60,9 @@ struct Opts {
     io_threads: usize,
     hit_ops: usize,
     hit_keys: usize,
+    /// Keys each thread of the hit workloads draws from its share and
+    /// reads in turn: a power of two.
+    hit_draws: usize,
     /// `Builder::hit_cells`; the crate's default if not given.
     hit_cells: Option<usize>,
     repeat: usize,
@@ -66,7 +73,7 @@ fn usage() -> ! {
     eprintln!(
         "usage: bench [--workload all|metadata|hit|get|pin-once|insert|spill|unspill|unspill-pipelined|policy|policy-sweep] [--dir DIR] \
          [--small BYTES] [--large BYTES] [--count-small N] [--count-large N] [--target BYTES] \
-         [--threads 1,2] [--compression lz4|none] [--keys N] [--io-threads N] [--hit-ops N] [--hit-keys N] [--hit-cells N] [--repeat R] [--window W]"
+         [--threads 1,2] [--compression lz4|none] [--keys N] [--io-threads N] [--hit-ops N] [--hit-keys N] [--hit-draws N] [--hit-cells N] [--repeat R] [--window W]"
     );
     std::process::exit(2)
 }
@@ -86,6 +93,7 @@ fn parse() -> Opts {
         io_threads: 2,
         hit_ops: 2_000_000,
         hit_keys: 10_000,
+        hit_draws: common::HIT_DRAWS,
         hit_cells: None,
         repeat: 3,
         window: 4,
@@ -114,6 +122,13 @@ fn parse() -> Opts {
             "--io-threads" => o.io_threads = num(val()).max(1),
             "--hit-ops" => o.hit_ops = num(val()),
             "--hit-keys" => o.hit_keys = num(val()).max(1),
+            "--hit-draws" => {
+                o.hit_draws = num(val());
+                if !o.hit_draws.is_power_of_two() {
+                    eprintln!("--hit-draws must be a power of two, not {}", o.hit_draws);
+                    std::process::exit(2)
+                }
+            }
             "--hit-cells" => o.hit_cells = Some(num(val())),
             "--repeat" => o.repeat = num(val()).max(1),
             "--window" => o.window = num(val()).max(1),
@@ -344,7 +359,7 @@ fn hit(o: &Opts, use_get: bool) {
         for rep in 0..o.repeat {
             let per_thread = o.hit_ops / 64 * 64;
             pins += per_thread * t;
-            let results = hit_threads(&[&b], keys, t, per_thread, rep, use_get);
+            let results = hit_threads(&[&b], keys, t, per_thread, o.hit_draws, rep, use_get);
             let slowest = results.iter().map(|r| r.0).max().unwrap();
             ops.push((per_thread * t) as f64 / slowest.as_secs_f64());
             let cpu: u64 = results.iter().map(|r| r.2).sum();
@@ -354,23 +369,24 @@ fn hit(o: &Opts, use_get: bool) {
             }
             // Raw floor in the same run.
             let mut rng = StdRng::seed_from_u64(rep as u64);
-            let order: Vec<u64> = (0..4096).map(|_| rng.gen_range(0..keys)).collect();
+            let order: Vec<u64> = (0..o.hit_draws).map(|_| rng.gen_range(0..keys)).collect();
             let start = Instant::now();
             common::floor_lookups(&raw_map, &order, per_thread);
             raws.push(per_thread as f64 / start.elapsed().as_secs_f64());
             // The hardware's ceiling for `t` threads, as ops/s over all of
             // them: its scaling is what the crate's can reach.
-            let floor = common::parallel_floor(keys, t, per_thread, rep as u64 * 100);
+            let floor = common::parallel_floor(keys, t, per_thread, o.hit_draws, rep as u64 * 100);
             pars.push((per_thread * t) as f64 / floor.as_secs_f64());
             // The same with every thread on one map: what sharing one
             // structure costs on this machine, nothing of the crate in it.
-            let shared = common::shared_floor(&raw_map, keys, t, per_thread, rep as u64 * 100);
+            let shared =
+                common::shared_floor(&raw_map, keys, t, per_thread, o.hit_draws, rep as u64 * 100);
             shareds.push((per_thread * t) as f64 / shared.as_secs_f64());
             // The crate's own ceiling: each thread its own buffer of its
             // keys, so that nothing in the crate is shared.
             if !own.is_empty() {
                 let bufs: Vec<&Buf> = own.iter().collect();
-                let res = hit_threads(&bufs, keys, t, per_thread, rep, use_get);
+                let res = hit_threads(&bufs, keys, t, per_thread, o.hit_draws, rep, use_get);
                 let slowest = res.iter().map(|r| r.0).max().unwrap();
                 owns.push((per_thread * t) as f64 / slowest.as_secs_f64());
                 let cpu: u64 = res.iter().map(|r| r.2).sum();
@@ -429,6 +445,7 @@ fn hit(o: &Opts, use_get: bool) {
                     "cpu_ns_per_op": (cpu_ns * 10.0).round() / 10.0,
                     "cpu_scaling_vs_1_thread": (cpu_scaling * 1000.0).round() / 1000.0,
                     "resident_keys": keys,
+                    "draws_per_thread": o.hit_draws,
                     "parallel_floor_ops_per_s": par.round(),
                     "parallel_floor_scaling_vs_1_thread": (par_scaling * 1000.0).round() / 1000.0,
                     "shared_floor_ops_per_s": shared_floor.round(),
@@ -451,6 +468,7 @@ fn hit_threads(
     keys: u64,
     t: usize,
     per_thread: usize,
+    draws: usize,
     rep: usize,
     use_get: bool,
 ) -> Vec<(Duration, Vec<u64>, u64)> {
@@ -462,7 +480,7 @@ fn hit_threads(
                 let barrier = &barrier;
                 s.spawn(move || {
                     // Disjoint key ranges per thread.
-                    let order = common::own_keys(keys, ti, t, rep as u64 * 100);
+                    let order = common::own_keys(keys, ti, t, draws, rep as u64 * 100);
                     let mut samples = Vec::with_capacity(per_thread / 64);
                     barrier.wait();
                     let start = Instant::now();
@@ -470,7 +488,7 @@ fn hit_threads(
                     for batch in 0..per_thread / 64 {
                         let t0 = Instant::now();
                         for i in 0..64 {
-                            let k = &order[(batch * 64 + i) & 4095];
+                            let k = &order[(batch * 64 + i) & (draws - 1)];
                             let p = if use_get {
                                 b.get(k).unwrap()
                             } else {

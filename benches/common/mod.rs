@@ -232,13 +232,18 @@ pub async fn pin_window(b: &Buf, keys: &[usize], window: usize) -> Vec<u64> {
     lat
 }
 
-/// The order a thread of the hit benchmarks reads its keys in: 4096 draws
-/// from thread `t`'s own share of `0..keys` split over `threads`, seeded by
-/// `seed + t`.
-pub fn own_keys(keys: u64, t: usize, threads: usize, seed: u64) -> Vec<u64> {
+/// How many keys a thread of the hit benchmarks draws, and reads in turn
+/// (`own_keys`), unless told otherwise: a power of two.
+pub const HIT_DRAWS: usize = 4096;
+
+/// The order a thread of the hit benchmarks reads its keys in: `draws`
+/// draws (a power of two) from thread `t`'s own share of `0..keys` split
+/// over `threads`, seeded by `seed + t`.
+pub fn own_keys(keys: u64, t: usize, threads: usize, draws: usize, seed: u64) -> Vec<u64> {
+    debug_assert!(draws.is_power_of_two());
     let span = keys / threads as u64;
     let mut rng = rng(seed + t as u64);
-    (0..4096)
+    (0..draws)
         .map(|_| t as u64 * span + rng.gen_range(0..span))
         .collect()
 }
@@ -278,11 +283,13 @@ pub fn floor_map(keys: std::ops::Range<u64>) -> HashMap<u64, Arc<Vec<f64>>> {
     keys.map(|k| (k, Arc::new(hit_value(k)))).collect()
 }
 
-/// The floors' loop: `iters` lookups of `order`'s keys in turn (it holds
-/// 4,096), each cloning, then dropping, the `Arc` it finds.
+/// The floors' loop: `iters` lookups of `order`'s keys in turn (a power
+/// of two of them), each cloning, then dropping, the `Arc` it finds.
 pub fn floor_lookups(map: &HashMap<u64, Arc<Vec<f64>>>, order: &[u64], iters: usize) {
+    debug_assert!(order.len().is_power_of_two());
+    let mask = order.len() - 1;
     for i in 0..iters {
-        black_box(map.get(&order[i & 4095]).cloned());
+        black_box(map.get(&order[i & mask]).cloned());
     }
 }
 
@@ -290,11 +297,17 @@ pub fn floor_lookups(map: &HashMap<u64, Arc<Vec<f64>>>, order: &[u64], iters: us
 /// looks up `iters` of its [`own_keys`] in a `HashMap` of its own and
 /// clones (then drops) the `Arc` it finds, sharing nothing. Returns the
 /// slowest thread's time, so its scaling is what the crate's can reach.
-pub fn parallel_floor(keys: u64, threads: usize, iters: usize, seed: u64) -> Duration {
+pub fn parallel_floor(
+    keys: u64,
+    threads: usize,
+    iters: usize,
+    draws: usize,
+    seed: u64,
+) -> Duration {
     slowest(threads, |t, go| {
         let span = keys / threads as u64;
         let map = floor_map(t as u64 * span..(t as u64 + 1) * span);
-        let order = own_keys(keys, t, threads, seed);
+        let order = own_keys(keys, t, threads, draws, seed);
         let start = go();
         floor_lookups(&map, &order, iters);
         start.elapsed()
@@ -310,10 +323,11 @@ pub fn shared_floor(
     keys: u64,
     threads: usize,
     iters: usize,
+    draws: usize,
     seed: u64,
 ) -> Duration {
     slowest(threads, |t, go| {
-        let order = own_keys(keys, t, threads, seed);
+        let order = own_keys(keys, t, threads, draws, seed);
         let start = go();
         floor_lookups(map, &order, iters);
         start.elapsed()
