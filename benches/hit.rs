@@ -24,6 +24,18 @@ const KEY_COUNTS: [(&str, u64); 5] = [
 ];
 const VALUE: usize = 64;
 
+/// A run of the floors' loop as criterion asks for it: `iters` lookups
+/// per thread of the usual draws.
+fn floor_run(keys: u64, threads: usize, iters: u64) -> common::FloorRun {
+    common::FloorRun {
+        keys,
+        threads,
+        iters: iters as usize,
+        draws: common::HIT_DRAWS,
+        seed: 0,
+    }
+}
+
 /// `threads` threads each run `iters` pins of their own keys among `keys`;
 /// the time is the slowest thread's.
 fn run(b: &common::Buf, keys: u64, threads: usize, iters: u64, get: bool) -> Duration {
@@ -64,9 +76,7 @@ fn hit(c: &mut Criterion) {
             g.bench_function(
                 format!("raw/parallel-hashmap-get-arc-clone/{name}/{threads}-threads"),
                 |bn| {
-                    bn.iter_custom(|iters| {
-                        common::parallel_floor(keys, threads, iters as usize, common::HIT_DRAWS, 0)
-                    })
+                    bn.iter_custom(|iters| common::parallel_floor(floor_run(keys, threads, iters)))
                 },
             );
         }
@@ -77,14 +87,7 @@ fn hit(c: &mut Criterion) {
                 format!("raw/shared-hashmap-get-arc-clone/{name}/{threads}-threads"),
                 |bn| {
                     bn.iter_custom(|iters| {
-                        common::shared_floor(
-                            &map,
-                            keys,
-                            threads,
-                            iters as usize,
-                            common::HIT_DRAWS,
-                            0,
-                        )
+                        common::shared_floor(&map, floor_run(keys, threads, iters))
                     })
                 },
             );

@@ -375,12 +375,18 @@ fn hit(o: &Opts, use_get: bool) {
             raws.push(per_thread as f64 / start.elapsed().as_secs_f64());
             // The hardware's ceiling for `t` threads, as ops/s over all of
             // them: its scaling is what the crate's can reach.
-            let floor = common::parallel_floor(keys, t, per_thread, o.hit_draws, rep as u64 * 100);
+            let run = common::FloorRun {
+                keys,
+                threads: t,
+                iters: per_thread,
+                draws: o.hit_draws,
+                seed: rep as u64 * 100,
+            };
+            let floor = common::parallel_floor(run);
             pars.push((per_thread * t) as f64 / floor.as_secs_f64());
             // The same with every thread on one map: what sharing one
             // structure costs on this machine, nothing of the crate in it.
-            let shared =
-                common::shared_floor(&raw_map, keys, t, per_thread, o.hit_draws, rep as u64 * 100);
+            let shared = common::shared_floor(&raw_map, run);
             shareds.push((per_thread * t) as f64 / shared.as_secs_f64());
             // The crate's own ceiling: each thread its own buffer of its
             // keys, so that nothing in the crate is shared.

@@ -11,6 +11,7 @@ use criterion::{black_box, Criterion};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use spillbuffer::{Compression, SpillBuffer};
+use std::borrow::Borrow;
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io::Write;
@@ -293,43 +294,45 @@ pub fn floor_lookups(map: &HashMap<u64, Arc<Vec<f64>>>, order: &[u64], iters: us
     }
 }
 
-/// The hardware's ceiling for the hit loop on `threads` threads: each
-/// looks up `iters` of its [`own_keys`] in a `HashMap` of its own and
-/// clones (then drops) the `Arc` it finds, sharing nothing. Returns the
-/// slowest thread's time, so its scaling is what the crate's can reach.
-pub fn parallel_floor(
-    keys: u64,
-    threads: usize,
-    iters: usize,
-    draws: usize,
-    seed: u64,
-) -> Duration {
-    slowest(threads, |t, go| {
-        let span = keys / threads as u64;
-        let map = floor_map(t as u64 * span..(t as u64 + 1) * span);
-        let order = own_keys(keys, t, threads, draws, seed);
-        let start = go();
-        floor_lookups(&map, &order, iters);
-        start.elapsed()
-    })
+/// A run of the floors' loop: `threads` threads, each looking up `iters`
+/// of its [`own_keys`] (`draws` of them, from `seed`) among `keys`.
+#[derive(Clone, Copy)]
+pub struct FloorRun {
+    pub keys: u64,
+    pub threads: usize,
+    pub iters: usize,
+    pub draws: usize,
+    pub seed: u64,
 }
 
-/// The same loop with every thread on one `map` of all `keys`, each on its
-/// [`own_keys`]: what sharing one map costs threads that read different
-/// keys of it (each `Arc` clone still writes only its key's count). Returns
+/// The hardware's ceiling for the hit loop: each thread looks up its keys
+/// in a `HashMap` of its own and clones (then drops) the `Arc` it finds,
+/// sharing nothing. Returns the slowest thread's time, so its scaling is
+/// what the crate's can reach.
+pub fn parallel_floor(run: FloorRun) -> Duration {
+    let span = run.keys / run.threads as u64;
+    floor_threads(run, |t| floor_map(t as u64 * span..(t as u64 + 1) * span))
+}
+
+/// The same loop with every thread on one `map` of all the keys, each on
+/// its own: what sharing one map costs threads that read different keys
+/// of it (each `Arc` clone still writes only its key's count). Returns
 /// the slowest thread's time.
-pub fn shared_floor(
-    map: &HashMap<u64, Arc<Vec<f64>>>,
-    keys: u64,
-    threads: usize,
-    iters: usize,
-    draws: usize,
-    seed: u64,
+pub fn shared_floor(map: &HashMap<u64, Arc<Vec<f64>>>, run: FloorRun) -> Duration {
+    floor_threads(run, |_| map)
+}
+
+/// The floors' loop, thread `t` on the map `map_of(t)` (made before its
+/// clock starts): the slowest thread's time.
+fn floor_threads<M: Borrow<HashMap<u64, Arc<Vec<f64>>>>>(
+    run: FloorRun,
+    map_of: impl Fn(usize) -> M + Sync,
 ) -> Duration {
-    slowest(threads, |t, go| {
-        let order = own_keys(keys, t, threads, draws, seed);
+    slowest(run.threads, |t, go| {
+        let map = map_of(t);
+        let order = own_keys(run.keys, t, run.threads, run.draws, run.seed);
         let start = go();
-        floor_lookups(map, &order, iters);
+        floor_lookups(map.borrow(), &order, run.iters);
         start.elapsed()
     })
 }
