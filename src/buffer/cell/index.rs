@@ -12,7 +12,7 @@
 //! and then gives the pin back and takes the shard's path.
 //!
 //! A table is open addressing with linear probing on the key's hash, at
-//! most half full, with seven bits of each hash in its slot (in the low
+//! most half full and one (see [`HitIndex::give_in`]), with seven bits of each hash in its slot (in the low
 //! bits of the place's pointer, which the place's alignment leaves free)
 //! so that a hit reads no other key's place, and finds a slot's tag and
 //! pointer in one word; a removal shifts the places after it back,
@@ -351,7 +351,7 @@ impl<K, V> Table<K, V> {
         let slots = unsafe { &*self.slots.load(Acquire) };
         let mut i = hash as usize & slots.mask;
         let want = tag(hash);
-        // Bounded: a table is at most half full, but a hit may be reading
+        // Bounded: a table is at most half full and one, but a hit may be reading
         // slots that a removal is shifting (the place may then have been
         // given to another key since: it is checked by its hash, then its
         // key).
@@ -529,7 +529,11 @@ impl<K: Hash + Eq, V> HitIndex<K, V> {
         }
         p.hash.store(hash, Relaxed);
         p.cell.assign(value, at);
-        if (books.live + 1) * 2 > books.slots().slots.len() {
+        // Half full and one: a shard at its budget gives a cell before it
+        // retires one, and a table doubled for that one cell would stay
+        // twice the size (at the default budget, of 1,024 cells a shard,
+        // 32 KiB of slots rather than 16).
+        if books.live * 2 > books.slots().slots.len() {
             Self::grow(table, &mut books);
         }
         books.slots().put(hash, place);
@@ -656,6 +660,15 @@ impl<K: Hash + Eq, V> HitIndex<K, V> {
     #[cfg(test)]
     pub(crate) fn places(&self) -> usize {
         self.pool.chunks.lock().len() * CHUNK
+    }
+
+    /// Slots of the current tables, over every shard.
+    #[cfg(test)]
+    pub(crate) fn slots(&self) -> usize {
+        self.tables
+            .iter()
+            .map(|t| t.books.lock().slots().slots.len())
+            .sum()
     }
 
     /// Free places on `way`'s lists.

@@ -267,6 +267,30 @@ fn cells_stay_within_their_budget_and_the_least_recently_hit_go_first() {
     b.validate().unwrap();
 }
 
+/// A shard at its budget gives a new cell before it retires one: its
+/// table keeps room for that cell rather than doubling for it, so that
+/// a table at a budget of a power of two cells (the default's) stays
+/// half full, not a quarter.
+#[test]
+fn a_table_at_its_budget_does_not_grow_for_the_cell_given_before_a_retirement() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = buffer_with_cells(dir.path(), 8);
+    for k in 0..40 {
+        b.insert(k, value(k)).unwrap();
+    }
+    for k in 0..8 {
+        pin_until_celled(&b, k, 8);
+    }
+    assert_eq!(b.inner().hits.slots(), 16, "8 cells, half of the slots");
+    // Each new cell now costs a retirement.
+    for k in 8..40 {
+        pin_until_celled(&b, k, 8);
+    }
+    assert_eq!(b.stats().hit_cells_retired_total, 32);
+    assert_eq!(b.inner().hits.slots(), 16, "the table grew at its budget");
+    b.validate().unwrap();
+}
+
 /// A buffer of sixteen shards with room for 64 values and `cells` hit
 /// cells, and the first `n` keys of shard 0: each shard keeps a
 /// sixteenth of the cells, and a cell is in use for `cells` ticks.
