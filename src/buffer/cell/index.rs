@@ -12,12 +12,12 @@
 //! and then gives the pin back and takes the shard's path.
 //!
 //! A table is open addressing with linear probing on the key's hash, at
-//! most half full and one (see [`HitIndex::give_in`]), with seven bits of each hash in its slot (in the low
-//! bits of the place's pointer, which the place's alignment leaves free)
-//! so that a hit reads no other key's place, and finds a slot's tag and
-//! pointer in one word; a removal shifts the places after it back,
-//! so the table never fills with deleted slots however many cells turn
-//! over. A hit that races a removal or a growth may miss a key that is
+//! most half full and one (see [`HitIndex::give_in`]), with seven bits
+//! of each hash in its slot (in the low bits of the place's pointer,
+//! which the place's alignment leaves free) so that a hit reads no other
+//! key's place, and finds a slot's tag and pointer in one word; a
+//! removal shifts the places after it back, so the table never fills
+//! with deleted slots however many cells turn over. A hit that races a removal or a growth may miss a key that is
 //! there: it then takes the shard's path, which is always right. Tables
 //! replaced by larger ones stay until the index goes, as a hit may still
 //! be reading them.
