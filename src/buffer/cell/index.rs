@@ -12,15 +12,15 @@
 //! and then gives the pin back and takes the shard's path.
 //!
 //! A table is open addressing with linear probing on the key's hash, at
-//! most half full and one (see [`HitIndex::give_in`]), with seven bits
+//! most half full plus one (see [`HitIndex::give_in`]), with seven bits
 //! of each hash in its slot (in the low bits of the place's pointer,
 //! which the place's alignment leaves free) so that a hit reads no other
 //! key's place, and finds a slot's tag and pointer in one word; a
 //! removal shifts the places after it back, so the table never fills
-//! with deleted slots however many cells turn over. A hit that races a removal or a growth may miss a key that is
-//! there: it then takes the shard's path, which is always right. Tables
-//! replaced by larger ones stay until the index goes, as a hit may still
-//! be reading them.
+//! with deleted slots however many cells turn over. A hit that races a
+//! removal or a growth may miss a key that is there: it then takes the
+//! shard's path, which is always right. Tables replaced by larger ones
+//! stay until the index goes, as a hit may still be reading them.
 //!
 //! A shard keeps a free list per *way* (`buffer::way`): a cell goes in a
 //! place of the way of the thread that gave it, which is the thread that
@@ -351,10 +351,10 @@ impl<K, V> Table<K, V> {
         let slots = unsafe { &*self.slots.load(Acquire) };
         let mut i = hash as usize & slots.mask;
         let want = tag(hash);
-        // Bounded: a table is at most half full and one, but a hit may be reading
-        // slots that a removal is shifting (the place may then have been
-        // given to another key since: it is checked by its hash, then its
-        // key).
+        // Bounded: a table is at most half full plus one, but a hit may
+        // be reading slots that a removal is shifting (the place may then
+        // have been given to another key since: it is checked by its hash,
+        // then its key).
         for _ in 0..=slots.mask {
             let slot = slots.slots[i].load(Acquire);
             if slot.is_null() {
@@ -529,7 +529,7 @@ impl<K: Hash + Eq, V> HitIndex<K, V> {
         }
         p.hash.store(hash, Relaxed);
         p.cell.assign(value, at);
-        // Half full and one: a shard at its budget gives a cell before it
+        // Half full plus one: a shard at its budget gives a cell before it
         // retires one, and a table doubled for that one cell would stay
         // twice the size (at the default budget, of 1,024 cells a shard,
         // 32 KiB of slots rather than 16).
