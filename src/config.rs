@@ -175,7 +175,7 @@ impl<K, V> Builder<K, V> {
     /// kept for the next keys rather than freed, so the index holds the
     /// most cells it ever had at once until the buffer goes, and up to
     /// 320 spare places per shard, about 40 KiB, that keep each thread's
-    /// cells apart from other threads');
+    /// cells together and apart from other threads');
     /// raise it if more keys than this are pinned over and over (the
     /// pins of those without a cell take the lock). Lower it (to 0: no
     /// cells, every pin takes the lock) to save that memory.

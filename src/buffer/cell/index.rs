@@ -3,8 +3,8 @@
 //!
 //! Every cell lives in a *place* of the index's pool, next to the key it
 //! is for. Places are never freed while the index lives: a place whose
-//! cell is retired or dropped goes on its shard's free list and is given
-//! to the next key that gets a cell. So a hit needs no guard against a
+//! cell is retired or dropped is marked free in its chunk and given to a
+//! later key that gets a cell. So a hit needs no guard against a
 //! cell freed under it, and cells turning over allocate and free nothing.
 //! A hit may therefore reach a place that was given to another key since
 //! it read the table; it tells so by the key, read once it holds a pin
@@ -22,16 +22,25 @@
 //! shard's path, which is always right. Tables replaced by larger ones
 //! stay until the index goes, as a hit may still be reading them.
 //!
-//! A shard keeps a free list per *way* (`buffer::way`): a cell goes in a
-//! place of the way of the thread that gave it, which is the thread that
-//! pinned the key through the shard, and a freed place goes back to its
-//! way's list. The places one thread's hits write thus lie together, in
-//! chunks of their own, rather than on lines next to another thread's: two
-//! threads whose places alternated spent about a third more CPU per hit (the
-//! CPU fetches lines next to the ones it misses, and took them from the
-//! other core). A way with no free place takes over a chunk's worth from
-//! the way with most to spare before it allocates, so a shard holds at
-//! most `(WAYS + 1) * CHUNK` places beyond the most cells it had at once.
+//! A shard gives places a chunk at a time, and each *way* (`buffer::way`)
+//! fills a chunk of its own: a cell goes in the next free place of the
+//! chunk its way is filling, the way of the thread that gave it, which is
+//! the thread that pinned the key through the shard. The places one
+//! thread's hits write thus lie together, rather than on lines next to
+//! another thread's: two threads whose places alternated spent about a
+//! third more CPU per hit (the CPU fetches lines next to the ones it
+//! misses, and took them from the other core).
+//!
+//! A freed place is marked free in its chunk, and a chunk is filled
+//! again only once a way is done with it (it is full). A way whose chunk
+//! is full fills next a chunk whose every place is free, of any way;
+//! else, while fewer than `WAYS * CHUNK` of the shard's places are free,
+//! a new chunk; else the chunk with most free places. So cells given
+//! together lie together after cells have turned over too (new cells
+//! put in single places among older cells' cost two threads pinning
+//! through one buffer up to a seventh of their calls), and a shard holds
+//! at most `(WAYS + 1) * CHUNK` places beyond the most cells it had at
+//! once.
 
 use super::{CellPin, Common, HitCell};
 use crate::buffer::hash::{shard_of, KeyHash};
@@ -82,20 +91,20 @@ struct Place<K, V> {
     key: UnsafeCell<Option<K>>,
     cell: HitCell<V>,
     /// Under the shard lock: in its table. A place taken out while its
-    /// cell is leased goes back to the free list when the lease ends.
+    /// cell is leased is marked free when the lease ends.
     listed: UnsafeCell<bool>,
     /// Under the shard lock: how many times the place was given, which
     /// tells one entry's cell from a later one in the same place.
     gen: UnsafeCell<u64>,
-    /// Under the shard lock: the way whose free list the place goes back
-    /// to.
-    way: UnsafeCell<u8>,
+    /// Where the place lies in its shard's chunks: `chunk * CHUNK + i`,
+    /// for the `i`th place of the shard's chunk number `chunk`.
+    spot: usize,
 }
 
 /// Handles on places: the pool lives as long as any of them can be used.
 /// `CellRef` is the shard's handle on a cell (see its docs).
 ///
-/// SAFETY: the non-`Sync` parts of a place (`key`, `listed`, `gen`, `way`, and
+/// SAFETY: the non-`Sync` parts of a place (`key`, `listed`, `gen`, and
 /// the cell's own) are written only under the shard lock while no hit
 /// reads them (the cell closed and idle), and read by holders of a pin
 /// or under that lock.
@@ -139,11 +148,11 @@ impl<K, V> Place<K, V> {
 struct Pool<K, V> {
     /// What the cells share.
     common: Common<V>,
-    chunks: Mutex<Vec<Chunk<K, V>>>,
+    chunks: Mutex<Vec<Places<K, V>>>,
 }
 
 /// A chunk of places, allocated as a boxed slice.
-type Chunk<K, V> = NonNull<[Place<K, V>]>;
+type Places<K, V> = NonNull<[Place<K, V>]>;
 
 // SAFETY: the chunks are owned by the pool; places are `Send + Sync`.
 unsafe impl<K: Send + Sync, V: Send + Sync> Send for Pool<K, V> {}
@@ -151,23 +160,24 @@ unsafe impl<K: Send + Sync, V: Send + Sync> Send for Pool<K, V> {}
 unsafe impl<K: Send + Sync, V: Send + Sync> Sync for Pool<K, V> {}
 
 impl<K, V> Pool<K, V> {
-    /// A new chunk of closed, empty places, for `way`'s free list.
-    fn grow(&self, way: usize) -> impl Iterator<Item = NonNull<Place<K, V>>> {
+    /// A new chunk of closed, empty places, for a shard's chunk number
+    /// `chunk`: its first place.
+    fn grow(&self, chunk: usize) -> NonNull<Place<K, V>> {
         let common = NonNull::from(&self.common);
-        let chunk: Box<[Place<K, V>]> = (0..CHUNK)
-            .map(|_| Place {
+        let places: Box<[Place<K, V>]> = (0..CHUNK)
+            .map(|i| Place {
                 // SAFETY: `common` lives in the pool, as the cell does.
                 cell: unsafe { HitCell::new(common) },
                 hash: AtomicU64::new(0),
                 key: UnsafeCell::new(None),
                 listed: UnsafeCell::new(false),
                 gen: UnsafeCell::new(0),
-                way: UnsafeCell::new(way as u8),
+                spot: chunk * CHUNK + i,
             })
             .collect();
         // SAFETY: `Box::into_raw` is never null.
-        let chunk = unsafe { NonNull::new_unchecked(Box::into_raw(chunk)) };
-        let first = chunk.cast::<Place<K, V>>();
+        let places = unsafe { NonNull::new_unchecked(Box::into_raw(places)) };
+        let first = places.cast::<Place<K, V>>();
         for i in 0..CHUNK {
             // SAFETY: in bounds of the chunk just allocated, which no one
             // else can reach yet.
@@ -177,9 +187,8 @@ impl<K, V> Pool<K, V> {
                 HitCell::<V>::set_home(cell, place.cast());
             }
         }
-        self.chunks.lock().push(chunk);
-        // SAFETY: in bounds of the chunk just allocated.
-        (0..CHUNK).map(move |i| unsafe { first.add(i) })
+        self.chunks.lock().push(places);
+        first
     }
 }
 
@@ -300,10 +309,29 @@ struct Books<K, V> {
     old: Vec<NonNull<Slots<K, V>>>,
     /// Places in the table.
     live: usize,
-    /// Places to give, their cells closed and idle, empty: per way (module
-    /// docs).
-    free: [Vec<NonNull<Place<K, V>>>; WAYS],
+    /// The shard's chunks of places, by number (module docs).
+    chunks: Vec<Chunk<K, V>>,
+    /// The chunk each way gives places from, until it is full.
+    filling: [Option<usize>; WAYS],
+    /// Chunks whose every place is free, that no way is filling.
+    empty: Vec<usize>,
+    /// Free places, over every chunk.
+    spare: usize,
 }
+
+/// A shard's books on one of its chunks of places.
+struct Chunk<K, V> {
+    first: NonNull<Place<K, V>>,
+    /// Bit `i` set: the chunk's `i`th place is free (its cell closed and
+    /// idle, empty, in no table).
+    free: u64,
+}
+
+/// Every place of a chunk free.
+const ALL_FREE: u64 = u64::MAX;
+
+// A chunk's free places are the bits of a word.
+const _: () = assert!(CHUNK == u64::BITS as usize);
 
 // SAFETY: the books own their slots; places are the pool's and
 // `Send + Sync`.
@@ -335,7 +363,10 @@ impl<K, V> Table<K, V> {
                 current,
                 old: Vec::new(),
                 live: 0,
-                free: Default::default(),
+                chunks: Vec::new(),
+                filling: [None; WAYS],
+                empty: Vec::new(),
+                spare: 0,
             }),
         }
     }
@@ -541,31 +572,59 @@ impl<K: Hash + Eq, V> HitIndex<K, V> {
         CellRef { place }
     }
 
-    /// A free place of `way`: one of its list; else a chunk's worth taken
-    /// over from the way with most to spare, if one has that many; else a
-    /// new chunk (module docs).
+    /// The next free place of the chunk `way` is filling; once that is
+    /// full, of the next chunk it fills (module docs).
     fn take_place(&self, books: &mut Books<K, V>, way: usize) -> NonNull<Place<K, V>> {
         loop {
-            if let Some(place) = books.free[way].pop() {
-                return place;
-            }
-            let spare = (0..WAYS)
-                .max_by_key(|&w| books.free[w].len())
-                .filter(|&w| books.free[w].len() >= CHUNK);
-            match spare {
-                Some(from) => {
-                    let list = &mut books.free[from];
-                    let taken = list.split_off(list.len() - CHUNK);
-                    for place in &taken {
-                        // SAFETY: free places are the pool's; `way` is
-                        // written under the shard lock, held here.
-                        unsafe { *place.as_ref().way.get() = way as u8 };
+            if let Some(chunk) = books.filling[way].map(|c| &mut books.chunks[c]) {
+                if chunk.free != 0 {
+                    let i = chunk.free.trailing_zeros() as usize;
+                    chunk.free &= chunk.free - 1;
+                    // SAFETY: in bounds of the chunk.
+                    let place = unsafe { chunk.first.add(i) };
+                    books.spare -= 1;
+                    if chunk.free == 0 {
+                        // Places freed in it from now on wait until the
+                        // whole chunk is.
+                        books.filling[way] = None;
                     }
-                    books.free[way] = taken;
+                    return place;
                 }
-                None => books.free[way].extend(self.pool.grow(way)),
             }
+            let next = match Self::chunk_to_fill(books) {
+                Some(c) => c,
+                None => {
+                    let c = books.chunks.len();
+                    books.chunks.push(Chunk {
+                        first: self.pool.grow(c),
+                        free: ALL_FREE,
+                    });
+                    books.spare += CHUNK;
+                    c
+                }
+            };
+            books.filling[way] = Some(next);
         }
+    }
+
+    /// The chunk a way whose chunk is full fills next: an empty one; else,
+    /// with a chunk's worth of free places per way, the one with most free
+    /// places that no way is filling (a scan of the shard's chunks, once
+    /// per chunk a way starts); else `None` (allocate one).
+    fn chunk_to_fill(books: &mut Books<K, V>) -> Option<usize> {
+        if let Some(c) = books.empty.pop() {
+            return Some(c);
+        }
+        if books.spare < WAYS * CHUNK {
+            return None;
+        }
+        books
+            .chunks
+            .iter()
+            .enumerate()
+            .filter(|&(c, chunk)| chunk.free != 0 && !books.filling.contains(&Some(c)))
+            .max_by_key(|(_, chunk)| chunk.free.count_ones())
+            .map(|(c, _)| c)
     }
 
     /// Twice the slots, the places put again; the old slots stay (a hit
@@ -632,8 +691,8 @@ impl<K: Hash + Eq, V> HitIndex<K, V> {
         Self::free(&mut books, place);
     }
 
-    /// Empty a place out of every table, closed and idle, and put it on
-    /// its way's free list.
+    /// Empty a place out of every table, closed and idle, and mark it
+    /// free in its chunk.
     fn free(books: &mut Books<K, V>, place: NonNull<Place<K, V>>) {
         // SAFETY: places are the pool's; closed and idle, no hit reads the
         // key or value, and the shard lock is held.
@@ -641,9 +700,13 @@ impl<K: Hash + Eq, V> HitIndex<K, V> {
         debug_assert!(p.cell.is_idle(), "a place freed while its cell is held");
         drop(p.cell.take_value());
         drop(unsafe { (*p.key.get()).take() });
-        // SAFETY: under the shard lock.
-        let way = usize::from(unsafe { *p.way.get() });
-        books.free[way].push(place);
+        let (c, i) = (p.spot / CHUNK, p.spot % CHUNK);
+        let chunk = &mut books.chunks[c];
+        chunk.free |= 1 << i;
+        books.spare += 1;
+        if chunk.free == ALL_FREE && !books.filling.contains(&Some(c)) {
+            books.empty.push(c);
+        }
     }
 
     #[cfg(test)]
@@ -671,12 +734,19 @@ impl<K: Hash + Eq, V> HitIndex<K, V> {
             .sum()
     }
 
-    /// Free places on `way`'s lists.
+    /// Free places, over every shard.
     #[cfg(test)]
-    pub(crate) fn free_in(&self, way: usize) -> usize {
+    pub(crate) fn free_places(&self) -> usize {
         self.tables
             .iter()
-            .map(|t| t.books.lock().free[way].len())
+            .flat_map(|t| {
+                let books = t.books.lock();
+                books
+                    .chunks
+                    .iter()
+                    .map(|c| c.free.count_ones() as usize)
+                    .collect::<Vec<_>>()
+            })
             .sum()
     }
 
@@ -719,6 +789,7 @@ mod tests {
         type P = Place<u64, Vec<f64>>;
         assert_eq!(size_of::<P>(), 128);
         assert_eq!(align_of::<P>(), 128);
+        assert_eq!(size_of::<Place<String, Vec<f64>>>(), 128);
     }
 
     /// What a hit reads and writes lies on the place's first line, for

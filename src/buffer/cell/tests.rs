@@ -614,66 +614,113 @@ mod unit {
         assert_eq!(index.places(), 2 * CHUNK);
     }
 
-    /// A freed place goes back to its way's list; a way with none takes
-    /// over a chunk's worth of another way's before it allocates, and
-    /// allocates when no way has that many to spare.
+    /// `count` cells of keys from `first` on, given by `way`, and their
+    /// places' addresses.
+    fn give_many(
+        index: &HitIndex<u64, u64>,
+        way: usize,
+        first: u64,
+        count: usize,
+    ) -> (Vec<CellRef<u64, u64>>, Vec<usize>) {
+        (first..first + count as u64)
+            .map(|k| {
+                let cell = index.give_in(way, k, Arc::new(k), at(k));
+                let address = HitIndex::address(&cell);
+                (cell, address)
+            })
+            .unzip()
+    }
+
+    /// A chunk whose every place was freed is filled again whole, in
+    /// order, by any way, before the shard allocates.
     #[test]
-    fn a_way_takes_over_spare_places_before_it_allocates() {
+    fn a_chunk_emptied_is_filled_again_in_order() {
         let owner = Arc::new(Recorder::default());
         let ticks = Arc::new(Ticks::new());
         let index = index_for(&owner, &ticks);
-        let give = |way: usize, keys: std::ops::Range<u64>| -> Vec<_> {
-            keys.map(|k| index.give_in(way, k, Arc::new(k), at(k)))
-                .collect()
-        };
-        let chunk = CHUNK as u64;
-        for cell in give(0, 0..2 * chunk) {
+        let (first, first_places) = give_many(&index, 0, 0, CHUNK);
+        let (_second, _) = give_many(&index, 0, 1000, CHUNK);
+        for cell in first {
             index.withdraw(cell);
         }
-        assert_eq!((index.places(), index.free_in(0)), (2 * CHUNK, 2 * CHUNK));
-        // Way 1 takes over one chunk's worth, then the other.
-        let way1 = give(1, 1000..1000 + chunk + 1);
-        assert_eq!(index.places(), 2 * CHUNK, "allocated with places spare");
-        assert_eq!((index.free_in(0), index.free_in(1)), (0, CHUNK - 1));
-        // Freed, a place taken over stays with its new way.
-        index.withdraw(way1[0]);
-        assert_eq!((index.free_in(0), index.free_in(1)), (0, CHUNK));
-        // Way 2 finds exactly a chunk's worth spare, on way 1's list.
-        give(2, 2000..2001);
-        assert_eq!(index.places(), 2 * CHUNK);
-        assert_eq!((index.free_in(1), index.free_in(2)), (0, CHUNK - 1));
-        // Way 3: fewer than a chunk's worth spare anywhere: a new chunk.
-        give(3, 3000..3001);
-        assert_eq!(index.places(), 3 * CHUNK);
-        assert_eq!(index.free_in(3), CHUNK - 1);
+        assert_eq!((index.places(), index.free_places()), (2 * CHUNK, CHUNK));
+        let (_again, places) = give_many(&index, 1, 2000, CHUNK);
+        assert_eq!(index.places(), 2 * CHUNK, "allocated with a chunk empty");
+        let mut sorted = first_places.clone();
+        sorted.sort_unstable();
+        assert_eq!(places, sorted, "not the emptied chunk's places, in order");
     }
 
-    /// Ways taking turns to give and free many cells allocate at most
-    /// `(WAYS + 1) * CHUNK` places beyond the most cells held at once,
-    /// where one free list per way with no taking over would keep a
-    /// chunk's worth and more for each.
+    /// With fewer than a chunk's worth of free places per way, a shard
+    /// gives new cells places of a new chunk rather than single places
+    /// freed among older cells.
+    #[test]
+    fn with_few_places_free_a_shard_allocates_rather_than_fill_gaps() {
+        let owner = Arc::new(Recorder::default());
+        let ticks = Arc::new(Ticks::new());
+        let index = index_for(&owner, &ticks);
+        let (cells, first) = give_many(&index, 0, 0, CHUNK);
+        for cell in cells.into_iter().step_by(2) {
+            index.withdraw(cell);
+        }
+        let (_, places) = give_many(&index, 0, 1000, CHUNK);
+        assert_eq!(index.places(), 2 * CHUNK);
+        assert_eq!(index.free_places(), CHUNK / 2);
+        assert!(
+            places.iter().all(|p| !first.contains(p)),
+            "a place freed among older cells was given"
+        );
+    }
+
+    /// With a chunk's worth of free places per way and no chunk empty, a
+    /// way whose chunk is full fills the chunk with most free places, in
+    /// order, then allocates once fewer are free.
+    #[test]
+    fn with_many_places_free_a_way_fills_the_chunk_with_most() {
+        let owner = Arc::new(Recorder::default());
+        let ticks = Arc::new(Ticks::new());
+        let index = index_for(&owner, &ticks);
+        let chunks: Vec<_> = (0..6)
+            .map(|c| give_many(&index, 0, 1000 * c as u64, CHUNK))
+            .collect();
+        // Free the first few places of each chunk, last first: 259 free,
+        // the most (45) in chunk 4.
+        let counts = [43, 42, 43, 43, 45, 43];
+        for (c, &count) in counts.iter().enumerate() {
+            for i in (0..count).rev() {
+                index.withdraw(chunks[c].0[i]);
+            }
+        }
+        assert!(index.free_places() >= WAYS * CHUNK);
+        let (_, places) = give_many(&index, 1, 100_000, 46);
+        assert_eq!(places[..45], chunks[4].1[..45], "not chunk 4's, in order");
+        assert_eq!(index.places(), 7 * CHUNK, "no new chunk for the 46th");
+        assert!(!chunks.iter().any(|c| c.1.contains(&places[45])));
+    }
+
+    /// Ways taking turns to give a chunk's worth of cells and free all
+    /// but one of them, so that no chunk is ever empty again, give the
+    /// free places among the cells kept rather than allocate: at most
+    /// `(WAYS + 1) * CHUNK` places beyond the most cells held at once.
     #[test]
     fn ways_taking_turns_keep_the_places_bounded() {
         let owner = Arc::new(Recorder::default());
         let ticks = Arc::new(Ticks::new());
         let index = index_for(&owner, &ticks);
-        let most = 150u64;
-        for round in 0..40u64 {
-            let way = (round % WAYS as u64) as usize;
-            let cells: Vec<_> = (0..most)
-                .map(|k| {
-                    let key = round * 1000 + k;
-                    index.give_in(way, key, Arc::new(key), at(key))
-                })
-                .collect();
-            for cell in cells {
+        let rounds = 60;
+        for round in 0..rounds {
+            let way = round % WAYS;
+            let (cells, _) = give_many(&index, way, round as u64 * 1000, CHUNK);
+            for cell in cells.into_iter().skip(1) {
                 index.withdraw(cell);
             }
         }
-        let bound = most as usize + (WAYS + 1) * CHUNK;
+        // The most at once: the cells kept, and one round's.
+        let most = rounds - 1 + CHUNK;
+        let bound = most + (WAYS + 1) * CHUNK;
         assert!(
             index.places() <= bound,
-            "{} places for {most} cells at once (bound {bound})",
+            "{} places for {most} cells at most (bound {bound})",
             index.places()
         );
     }
