@@ -694,7 +694,7 @@ mod unit {
         assert!(index.free_places() >= WAYS * CHUNK);
         let (_, places) = give_many(&index, 1, 100_000, 46);
         assert_eq!(places[..45], chunks[4].1[..45], "not chunk 4's, in order");
-        assert_eq!(index.places(), 7 * CHUNK, "no new chunk for the 46th");
+        assert_eq!(index.places(), 7 * CHUNK, "the 46th not in a new chunk");
         assert!(!chunks.iter().any(|c| c.1.contains(&places[45])));
     }
 
