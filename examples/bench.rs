@@ -409,6 +409,14 @@ fn hit(o: &Opts, use_get: bool) {
         let shared_scaling = scaling_of(shared_floor, one_thread_shared, t);
         let par_scaling = scaling_of(par, one_thread_par, t);
         let ops = median(&mut ops);
+        // Each repeat's, in order, before the median sorts them: a repeat
+        // runs on threads of its own.
+        let cpu_by_repeat: Vec<f64> = cpu_per_op
+            .iter()
+            .map(|c| (c * 10.0).round() / 10.0)
+            .collect();
+        let own_cpu_by_repeat: Vec<f64> =
+            own_cpu.iter().map(|c| (c * 10.0).round() / 10.0).collect();
         let cpu_ns = median(&mut cpu_per_op);
         if t == 1 {
             one_thread = ops;
@@ -449,6 +457,8 @@ fn hit(o: &Opts, use_get: bool) {
                 extra: json!({
                     "scaling_vs_1_thread": (scaling * 1000.0).round() / 1000.0,
                     "cpu_ns_per_op": (cpu_ns * 10.0).round() / 10.0,
+                    "cpu_ns_per_op_by_repeat": cpu_by_repeat,
+                    "own_buffers_cpu_ns_per_op_by_repeat": own_cpu_by_repeat,
                     "cpu_scaling_vs_1_thread": (cpu_scaling * 1000.0).round() / 1000.0,
                     "resident_keys": keys,
                     "draws_per_thread": o.hit_draws,
