@@ -204,11 +204,12 @@ impl<K, V> Drop for Pool<K, V> {
 }
 
 /// One table's slots: pointers to places, null where empty, each with
-/// seven bits of its place's hash (its *tag*, never 0) in the low bits a
-/// place's alignment leaves free. A hit reads a place only where the tag
-/// is its key's: probing past other keys' places reads no line of theirs
-/// (the lines another thread's hits write), and a probe reads no line of
-/// tags apart from its pointers.
+/// seven bits of its place's hash (its *tag*) in the low bits a place's
+/// alignment leaves free (a slot holding a place is never null, whatever
+/// its tag: the place's address is not 0). A hit reads a place only where
+/// the tag is its key's: probing past other keys' places reads no line of
+/// theirs (the lines another thread's hits write), and a probe reads no
+/// line of tags apart from its pointers.
 struct Slots<K, V> {
     mask: usize,
     slots: Box<[AtomicPtr<Place<K, V>>]>,
@@ -220,10 +221,12 @@ const TAG: usize = 0x7f;
 // A place's alignment leaves the tag's bits of its address free.
 const _: () = assert!(std::mem::align_of::<Place<u8, u8>>() > TAG);
 
-/// The tag of a hash: its top seven bits, never 0.
+/// The tag of a hash: its top seven bits, all 128 values of them, so
+/// that a probe reads another key's place (whose hot line another thread
+/// may be writing) for one in 128 of the slots it passes.
 #[inline]
-fn tag(hash: u64) -> usize {
-    ((hash >> 57) as usize) | 1
+pub(super) fn tag(hash: u64) -> usize {
+    (hash >> 57) as usize
 }
 
 /// A slot's word for `place`, of hash `hash`.

@@ -39,11 +39,12 @@ impl TestPool {
 
 #[cfg(not(shuttle))]
 mod unit {
-    use super::index::CHUNK;
+    use super::index::{tag, CHUNK};
     use super::*;
     use crate::buffer::hash::KeyHash;
     use crate::buffer::pinned::Pinned;
     use crate::buffer::way::WAYS;
+    use std::collections::HashSet;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
     use std::sync::Mutex;
     use std::time::{Duration, Instant};
@@ -588,6 +589,29 @@ mod unit {
             .step_by(2)
             .for_each(|&k| pins_its_own(k));
         assert_eq!(index.len(), keys.len() / 2);
+    }
+
+    /// A tag is the hash's top seven bits, all 128 values of them (hashes
+    /// that differ in its lowest bit are told apart by the slot alone), and
+    /// a key whose tag is 0 is in its slot like any other.
+    #[test]
+    fn tags_take_all_128_values_and_0_is_one() {
+        let tags: HashSet<usize> = (0..128u64).map(|t| tag(t << 57)).collect();
+        assert_eq!(tags.len(), 128);
+        assert_ne!(tag(0), tag(1 << 57));
+        let owner = Arc::new(Recorder::default());
+        let ticks = Arc::new(Ticks::new());
+        let index = index_for(&owner, &ticks);
+        let k = (0..).find(|k| tag(index.hash_of(k)) == 0).unwrap();
+        let cell = index.give(k, Arc::new(k), at(k));
+        cell.open(ticks.next(0));
+        let pinned = hit(&index, k).unwrap_or_else(|| panic!("key {k}, of tag 0, lost"));
+        assert_eq!(**pinned.cell().value(), k);
+        pinned.release(false);
+        assert!(cell.retire());
+        index.withdraw(cell);
+        assert!(hit(&index, k).is_none(), "key {k} pinned after it went");
+        assert_eq!(index.len(), 0);
     }
 
     /// Two threads (ways) giving cells in turn get places from chunks of
