@@ -6,7 +6,7 @@
 //! cargo run --release --example bench -- [--workload all|metadata|hit|get|pin-once|insert|spill|unspill|unspill-pipelined|policy]
 //!     [--dir DIR] [--small BYTES] [--large BYTES] [--count-small N] [--count-large N]
 //!     [--target BYTES] [--threads 1,2] [--compression lz4|none] [--keys N] [--io-threads N]
-//!     [--hit-ops N] [--hit-keys N] [--hit-draws N] [--hit-cells N] [--repeat R] [--window W]
+//!     [--hit-ops N] [--hit-keys N] [--hit-draws N] [--hit-warm N] [--hit-cells N] [--repeat R] [--window W]
 //! ```
 //!
 //! Every figure is the median of `--repeat` runs; crate and raw runs
@@ -20,7 +20,10 @@
 //!
 //! In `hit` and `get`, each thread reads `--hit-draws` keys (4,096 unless
 //! told; a power of two) drawn at random from its own share of the
-//! `--hit-keys` resident ones, in turn, new draws in every repeat.
+//! `--hit-keys` resident ones, in turn, new draws in every repeat. The
+//! first two pins of a key take its shard's lock (at 1M keys, about a
+//! microsecond each); `--hit-warm N` makes N untimed passes over the
+//! draws first, so that with 2 or more every timed call is a hit.
 //!
 //! `policy` (not part of `all`): `--hit-keys` values of `--small` bytes
 //! inserted once, then `--hit-ops` blocking `get`s in zipf(1) order and in
@@ -63,6 +66,10 @@ struct Opts {
     /// Keys each thread of the hit workloads draws from its share and
     /// reads in turn: a power of two.
     hit_draws: usize,
+    /// Untimed passes over its draws each thread of `hit` and `get` makes
+    /// first: with 2 or more, the timed calls are all hits (the first two
+    /// pins of a key take its shard's lock).
+    hit_warm: usize,
     /// `Builder::hit_cells`; the crate's default if not given.
     hit_cells: Option<usize>,
     repeat: usize,
@@ -73,7 +80,7 @@ fn usage() -> ! {
     eprintln!(
         "usage: bench [--workload all|metadata|hit|get|pin-once|insert|spill|unspill|unspill-pipelined|policy|policy-sweep] [--dir DIR] \
          [--small BYTES] [--large BYTES] [--count-small N] [--count-large N] [--target BYTES] \
-         [--threads 1,2] [--compression lz4|none] [--keys N] [--io-threads N] [--hit-ops N] [--hit-keys N] [--hit-draws N] [--hit-cells N] [--repeat R] [--window W]"
+         [--threads 1,2] [--compression lz4|none] [--keys N] [--io-threads N] [--hit-ops N] [--hit-keys N] [--hit-draws N] [--hit-warm N] [--hit-cells N] [--repeat R] [--window W]"
     );
     std::process::exit(2)
 }
@@ -94,6 +101,7 @@ fn parse() -> Opts {
         hit_ops: 2_000_000,
         hit_keys: 10_000,
         hit_draws: common::HIT_DRAWS,
+        hit_warm: 0,
         hit_cells: None,
         repeat: 3,
         window: 4,
@@ -129,6 +137,7 @@ fn parse() -> Opts {
                     std::process::exit(2)
                 }
             }
+            "--hit-warm" => o.hit_warm = num(val()),
             "--hit-cells" => o.hit_cells = Some(num(val())),
             "--repeat" => o.repeat = num(val()).max(1),
             "--window" => o.window = num(val()).max(1),
@@ -358,8 +367,8 @@ fn hit(o: &Opts, use_get: bool) {
         let mut pins = 0;
         for rep in 0..o.repeat {
             let per_thread = o.hit_ops / 64 * 64;
-            pins += per_thread * t;
-            let results = hit_threads(&[&b], keys, t, per_thread, o.hit_draws, rep, use_get);
+            pins += (per_thread + o.hit_warm * o.hit_draws) * t;
+            let results = hit_threads(&[&b], keys, t, per_thread, o, rep, use_get);
             let slowest = results.iter().map(|r| r.0).max().unwrap();
             ops.push((per_thread * t) as f64 / slowest.as_secs_f64());
             let cpu: u64 = results.iter().map(|r| r.2).sum();
@@ -392,7 +401,7 @@ fn hit(o: &Opts, use_get: bool) {
             // keys, so that nothing in the crate is shared.
             if !own.is_empty() {
                 let bufs: Vec<&Buf> = own.iter().collect();
-                let res = hit_threads(&bufs, keys, t, per_thread, o.hit_draws, rep, use_get);
+                let res = hit_threads(&bufs, keys, t, per_thread, o, rep, use_get);
                 let slowest = res.iter().map(|r| r.0).max().unwrap();
                 owns.push((per_thread * t) as f64 / slowest.as_secs_f64());
                 let cpu: u64 = res.iter().map(|r| r.2).sum();
@@ -462,6 +471,7 @@ fn hit(o: &Opts, use_get: bool) {
                     "cpu_scaling_vs_1_thread": (cpu_scaling * 1000.0).round() / 1000.0,
                     "resident_keys": keys,
                     "draws_per_thread": o.hit_draws,
+                    "warm_passes": o.hit_warm,
                     "parallel_floor_ops_per_s": par.round(),
                     "parallel_floor_scaling_vs_1_thread": (par_scaling * 1000.0).round() / 1000.0,
                     "shared_floor_ops_per_s": shared_floor.round(),
@@ -484,10 +494,11 @@ fn hit_threads(
     keys: u64,
     t: usize,
     per_thread: usize,
-    draws: usize,
+    o: &Opts,
     rep: usize,
     use_get: bool,
 ) -> Vec<(Duration, Vec<u64>, u64)> {
+    let draws = o.hit_draws;
     let barrier = Barrier::new(t);
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..t)
@@ -498,6 +509,13 @@ fn hit_threads(
                     // Disjoint key ranges per thread.
                     let order = common::own_keys(keys, ti, t, draws, rep as u64 * 100);
                     let mut samples = Vec::with_capacity(per_thread / 64);
+                    for k in (0..o.hit_warm).flat_map(|_| &order) {
+                        std::hint::black_box(if use_get {
+                            b.get(k).unwrap()
+                        } else {
+                            b.try_pin(k)
+                        });
+                    }
                     barrier.wait();
                     let start = Instant::now();
                     let cpu0 = thread_cpu_ns();
