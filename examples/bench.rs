@@ -6,7 +6,7 @@
 //! cargo run --release --example bench -- [--workload all|metadata|hit|get|pin-once|insert|spill|unspill|unspill-pipelined|policy]
 //!     [--dir DIR] [--small BYTES] [--large BYTES] [--count-small N] [--count-large N]
 //!     [--target BYTES] [--threads 1,2] [--compression lz4|none] [--keys N] [--io-threads N]
-//!     [--hit-ops N] [--hit-keys N] [--hit-draws N] [--hit-warm N] [--hit-cells N] [--repeat R] [--window W]
+//!     [--hit-ops N] [--hit-keys N] [--hit-draws N] [--hit-warm N] [--hit-fresh] [--hit-cells N] [--repeat R] [--window W]
 //! ```
 //!
 //! Every figure is the median of `--repeat` runs; crate and raw runs
@@ -24,6 +24,10 @@
 //! first two pins of a key take its shard's lock (at 1M keys, about a
 //! microsecond each); `--hit-warm N` makes N untimed passes over the
 //! draws first, so that with 2 or more every timed call is a hit.
+//! Unless told `--hit-fresh`, every step runs on one buffer, which keeps
+//! the cells earlier steps and repeats gave (up to its budget of cells);
+//! with it, each repeat of each step (and of the own-buffers run) builds
+//! its buffers first, so that one thread and two see the same state.
 //!
 //! `policy` (not part of `all`): `--hit-keys` values of `--small` bytes
 //! inserted once, then `--hit-ops` blocking `get`s in zipf(1) order and in
@@ -72,6 +76,10 @@ struct Opts {
     hit_warm: usize,
     /// `Builder::hit_cells`; the crate's default if not given.
     hit_cells: Option<usize>,
+    /// `hit` and `get` time every repeat of every thread count on buffers
+    /// built for it, rather than on one buffer that keeps the cells the
+    /// steps before gave.
+    hit_fresh: bool,
     repeat: usize,
     window: usize,
 }
@@ -80,7 +88,7 @@ fn usage() -> ! {
     eprintln!(
         "usage: bench [--workload all|metadata|hit|get|pin-once|insert|spill|unspill|unspill-pipelined|policy|policy-sweep] [--dir DIR] \
          [--small BYTES] [--large BYTES] [--count-small N] [--count-large N] [--target BYTES] \
-         [--threads 1,2] [--compression lz4|none] [--keys N] [--io-threads N] [--hit-ops N] [--hit-keys N] [--hit-draws N] [--hit-warm N] [--hit-cells N] [--repeat R] [--window W]"
+         [--threads 1,2] [--compression lz4|none] [--keys N] [--io-threads N] [--hit-ops N] [--hit-keys N] [--hit-draws N] [--hit-warm N] [--hit-fresh] [--hit-cells N] [--repeat R] [--window W]"
     );
     std::process::exit(2)
 }
@@ -103,6 +111,7 @@ fn parse() -> Opts {
         hit_draws: common::HIT_DRAWS,
         hit_warm: 0,
         hit_cells: None,
+        hit_fresh: false,
         repeat: 3,
         window: 4,
     };
@@ -138,6 +147,7 @@ fn parse() -> Opts {
                 }
             }
             "--hit-warm" => o.hit_warm = num(val()),
+            "--hit-fresh" => o.hit_fresh = true,
             "--hit-cells" => o.hit_cells = Some(num(val())),
             "--repeat" => o.repeat = num(val()).max(1),
             "--window" => o.window = num(val()).max(1),
@@ -333,7 +343,7 @@ fn metadata(o: &Opts) {
 fn hit(o: &Opts, use_get: bool) {
     // Spread over all threads; each reads its own slice in random order.
     let keys = o.hit_keys.max(o.threads.iter().copied().max().unwrap_or(1)) as u64;
-    let b = resident(o, 0..keys);
+    let shared = (!o.hit_fresh).then(|| resident(o, 0..keys));
     // Raw floor: a plain HashMap lookup and Arc clone, one thread.
     let raw_map = common::floor_map(0..keys);
     let name = if use_get { "get" } else { "try_pin" };
@@ -351,24 +361,39 @@ fn hit(o: &Opts, use_get: bool) {
         let mut shareds = Vec::new();
         let mut owns = Vec::new();
         let mut own_cpu = Vec::new();
-        let own: Vec<Buf> = if t > 1 {
+        let own_bufs = || -> Vec<Buf> {
+            if t == 1 {
+                return Vec::new();
+            }
             (0..t as u64)
                 .map(|ti| {
                     let span = keys / t as u64;
                     resident(o, ti * span..(ti + 1) * span)
                 })
                 .collect()
-        } else {
-            Vec::new()
         };
+        let mut own = if o.hit_fresh { Vec::new() } else { own_bufs() };
         // Pins of the shared buffer that went through a shard's lock (a
         // key's first pins, and keys without a hit cell), over every repeat.
-        let locked_before = b.stats().locked_pins_total;
+        let mut locked = 0;
         let mut pins = 0;
         for rep in 0..o.repeat {
             let per_thread = o.hit_ops / 64 * 64;
             pins += (per_thread + o.hit_warm * o.hit_draws) * t;
-            let results = hit_threads(&[&b], keys, t, per_thread, o, rep, use_get);
+            // With `--hit-fresh`, buffers built for this repeat: no cell
+            // of an earlier step or repeat in them.
+            let fresh;
+            let b = match &shared {
+                Some(b) => b,
+                None => {
+                    fresh = resident(o, 0..keys);
+                    own = own_bufs();
+                    &fresh
+                }
+            };
+            let locked_before = b.stats().locked_pins_total;
+            let results = hit_threads(&[b], keys, t, per_thread, o, rep, use_get);
+            locked += b.stats().locked_pins_total - locked_before;
             let slowest = results.iter().map(|r| r.0).max().unwrap();
             ops.push((per_thread * t) as f64 / slowest.as_secs_f64());
             let cpu: u64 = results.iter().map(|r| r.2).sum();
@@ -408,7 +433,6 @@ fn hit(o: &Opts, use_get: bool) {
                 own_cpu.push(cpu as f64 / (per_thread * t) as f64);
             }
         }
-        let locked = b.stats().locked_pins_total - locked_before;
         let par = median(&mut pars);
         let shared_floor = median(&mut shareds);
         if t == 1 {
@@ -472,6 +496,7 @@ fn hit(o: &Opts, use_get: bool) {
                     "resident_keys": keys,
                     "draws_per_thread": o.hit_draws,
                     "warm_passes": o.hit_warm,
+                    "fresh_buffers": o.hit_fresh,
                     "parallel_floor_ops_per_s": par.round(),
                     "parallel_floor_scaling_vs_1_thread": (par_scaling * 1000.0).round() / 1000.0,
                     "shared_floor_ops_per_s": shared_floor.round(),
