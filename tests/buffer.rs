@@ -371,3 +371,33 @@ fn buffer_is_send_sync_and_clone() {
     check::<Buf>();
     check::<spillbuffer::Pinned<Vec<u8>>>();
 }
+
+/// Inserting past the target writes exactly the excess, the least
+/// recently inserted values, however the pool's writes end meanwhile: a
+/// write that ends looks at the target again, and must not evict for an
+/// excess that the inserting thread is already evicting.
+#[test]
+fn inserts_past_the_target_write_exactly_the_excess_while_writes_end() {
+    const FIT: u64 = 10;
+    const N: u64 = 200;
+    let tmp = tempfile::tempdir().unwrap();
+    for round in 0..100 {
+        let b = SpillBuffer::builder(tmp.path())
+            .memory_target(FIT as usize * 1000)
+            .io_threads(2)
+            .build()
+            .unwrap();
+        for k in 0..N {
+            b.insert(k, value(k, 1000)).unwrap();
+        }
+        b.flush_blocking().unwrap();
+        let s = b.stats();
+        assert_eq!(s.spill_count_total, N - FIT, "round {round}: {s:?}");
+        for k in N - FIT..N {
+            assert!(
+                b.try_pin(&k).is_some(),
+                "round {round}: key {k} is not in memory"
+            );
+        }
+    }
+}

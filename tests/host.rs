@@ -246,13 +246,6 @@ async fn prefetch_reads_in_order_within_the_target_making_room_without_io() {
     for k in 25..30u64 {
         b.remove(&k);
     }
-    // Inserted again so that they are surely resident and dirty: an
-    // eviction for the last inserts and the pool's own look at the target
-    // after a write can both act on the same excess and write one value
-    // more than the target asked for.
-    for k in 20..25u64 {
-        b.insert(k, value(k, 1000)).unwrap();
-    }
     // Resident: 20..25 (dirty), one of them pinned. Room within the target:
     // 10_000 - 4000 unpinned = six values.
     let pin = b.try_pin(&20).unwrap();
@@ -311,10 +304,6 @@ async fn prefetch_drops_nothing_when_only_dirty_values_could_make_room() {
         b.insert(k, value(k, 1000)).unwrap();
     }
     b.flush().await.unwrap();
-    // Inserted again so that they are surely resident (see the test above).
-    for k in 5..10u64 {
-        b.insert(k, value(k, 1000)).unwrap();
-    }
     // 0..5 on disk; 5..10 resident, dirty, at the target.
     let before = b.stats();
     assert_eq!(before.memory_bytes, 5000);

@@ -170,17 +170,21 @@ impl Delta {
     }
 
     /// Must the thread that applied this change look at the target again
-    /// (see `Inner::with_shard`)? `over_target` reads `resident`,
-    /// `spilling`, `pinned` and `pinned_spilling` one after another, and
-    /// a change moving several of them lands one gauge at a time: a
-    /// concurrent reader may see a sum that was never true, below both
-    /// the one before and the one after (a finished write lowers
-    /// `resident` and `spilling` by the same weight, and a reader that
-    /// sees only the first finds the buffer under its target), and stop
-    /// evicting. A change lowering `spilling` alone (a failed write) raises
-    /// what is over the target, which a reader that came just before
-    /// missed. Inserts, unspills and unpins, the other changes that raise
-    /// it, evict afterwards anyway.
+    /// (see `Inner::with_shard`)? `over_target` reads `unheld` (resident
+    /// less spilling, one gauge), the shards' `pinned` and
+    /// `pinned_spilling` one after another, and a change moving several
+    /// of them lands one gauge at a time: a concurrent reader may see a sum
+    /// that was never true, below both the one before and the one after
+    /// (a value pinned while its write runs, then unpinned, moves `pinned`
+    /// and `pinned_spilling` by the same weight), and stop evicting. A
+    /// change lowering `spilling` is a write that ended: if it failed, what
+    /// is over the target rose, which a reader that came just before
+    /// missed; if it succeeded, it ended any back-off that had kept
+    /// evictions from writing. Inserts, unspills and unpins, the other
+    /// changes that raise what is over the target, evict afterwards
+    /// anyway. The check is cheap when nothing is over the target, and
+    /// waits for an eviction running on another thread rather than evict
+    /// for the same excess (`Inner::evict_to_target`).
     pub(crate) fn needs_target_check(&self) -> bool {
         let moved = [
             self.resident,

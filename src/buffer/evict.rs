@@ -68,15 +68,28 @@ pub(crate) fn choose(
 
 impl<K: Key, V: Spill> Inner<K, V> {
     /// Evict until unpinned resident bytes are within the target.
+    ///
+    /// One thread evicts for the target at a time (this, or
+    /// [`drop_clean_for`](Self::drop_clean_for)). Two threads that find the same excess
+    /// (the host's insert, and the pool's look at the target after a
+    /// write ends) would otherwise both evict for it, and memory would
+    /// fall below the target by a value each time. The second waits for
+    /// the first, then finds the excess gone. The wait is for CPU work
+    /// only: an eviction drops clean values and queues writes, it does no
+    /// IO. The lock is re-entrant, since a value dropped here may hold a
+    /// pin of this buffer whose release evicts in turn.
     pub(crate) fn evict_to_target(&self) {
         // Pairs with the fence in `check_target`: a change this thread
         // made before is seen by a thread checking after it, or this
         // thread sees that thread's change whole.
         fence(SeqCst);
-        let writes = self.backoff.allows_writes();
-        while self.over_target() > 0 {
-            if self.evict_one(writes).is_none() {
-                break;
+        if self.over_target() > 0 {
+            let _one = self.evicting.lock();
+            let writes = self.backoff.allows_writes();
+            while self.over_target() > 0 {
+                if self.evict_one(writes).is_none() {
+                    break;
+                }
             }
         }
         self.wake_mem_waiters();
@@ -121,6 +134,9 @@ impl<K: Key, V: Spill> Inner<K, V> {
         if w > target {
             return false;
         }
+        // Not while `evict_to_target` runs, which may be dropping values
+        // for part of the same excess.
+        let _one = self.evicting.lock();
         let mut moved = 0;
         loop {
             let held = self.g.resident.load(Relaxed).saturating_sub(self.pinned())

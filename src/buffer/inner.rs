@@ -29,7 +29,7 @@ use crate::metrics::spans::JobSpan;
 use crate::metrics::{Metrics, Stats, Telemetry};
 use crate::store::{DiskLoc, Store};
 use crate::value::Spill;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, ReentrantMutex};
 use std::borrow::Borrow;
 use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -95,6 +95,9 @@ pub(crate) struct Inner<K, V> {
     /// A disk-budget refusal was logged and no spill has succeeded since.
     pub budget_logged: AtomicBool,
     pub backoff: Backoff,
+    /// Held by the thread evicting for the target (`buffer::evict`): one
+    /// evictor at a time.
+    pub evicting: ReentrantMutex<()>,
     /// The most recent spill failures (`buffer::failure`).
     pub failures: Failures<K>,
     me: Weak<Inner<K, V>>,
@@ -147,6 +150,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
                 spill_queue: Mutex::new(Vec::new()),
                 budget_logged: AtomicBool::new(false),
                 backoff: Backoff::new(),
+                evicting: ReentrantMutex::new(()),
                 failures: Failures::default(),
                 me: me.clone(),
             }

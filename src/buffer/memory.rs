@@ -22,6 +22,12 @@ pub(crate) struct Gauges {
     pub resident_count: AtomicUsize,
     /// Weight of values with a write queued or running.
     pub spilling: AtomicUsize,
+    /// `resident - spilling`: the weight in memory that no write is taking
+    /// away, in one gauge for `over_target`. A finished write lowers
+    /// `resident` and `spilling` by the same weight, which leaves this
+    /// unchanged; read as two gauges, it could seem for a moment to have
+    /// risen or fallen by that weight, and an eviction to be due or not.
+    pub unheld: AtomicUsize,
     /// Weight of values both pinned and spilling: counted in the shards'
     /// pinned weight and in `spilling`, so `over_target` adds it back rather
     /// than count it twice.
@@ -98,6 +104,7 @@ impl Gauges {
         shift(&self.resident, d.resident);
         shift(&self.resident_count, d.count);
         shift(&self.spilling, d.spilling);
+        shift(&self.unheld, d.resident - d.spilling);
         shift(&self.pinned_spilling, d.pinned_spilling);
         shift(&self.reserved, d.reserved);
         shift(&self.len, d.len);
@@ -133,8 +140,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
     /// already taking away. Pinned values are the host's working set: they
     /// count against `memory_limit`, not against the eviction target.
     pub(crate) fn over_target(&self) -> usize {
-        let r = self.g.resident.load(Relaxed);
-        let unheld = r.saturating_sub(self.g.spilling.load(Relaxed));
+        let unheld = self.g.unheld.load(Relaxed);
         let target = self.target();
         // Under the target even before pins are counted: the common case
         // after an unpin, answered without reading every shard.
@@ -229,6 +235,57 @@ impl<K: Key, V: Spill> Inner<K, V> {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicBool;
+
+    /// A write that ends lowers `resident` and `spilling` by the same
+    /// weight. `over_target` reads what is in memory and not being written
+    /// from `unheld` alone, so it must never see that change half made:
+    /// either way it would be off by the write's weight, and evict a value
+    /// too many or stop a value short.
+    #[test]
+    fn a_write_that_ends_never_shows_in_unheld() {
+        const W: isize = 4096;
+        let g = Gauges::default();
+        let pinned = AtomicUsize::new(0);
+        let resident = Delta {
+            resident: 3 * W,
+            count: 3,
+            len: 3,
+            ..Delta::ZERO
+        };
+        let evicted = Delta {
+            spilling: W,
+            ..Delta::ZERO
+        };
+        let written = Delta {
+            resident: -W,
+            count: -1,
+            spilling: -W,
+            ..Delta::ZERO
+        };
+        g.apply(resident, &pinned);
+        g.apply(evicted, &pinned);
+        let unheld = g.unheld.load(Relaxed);
+        assert_eq!(unheld, 2 * W as usize);
+        let done = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 0..20_000 {
+                    g.apply(written, &pinned);
+                    // Not a transition the buffer makes: it puts the
+                    // weight back for the next round.
+                    g.apply(written.negate(), &pinned);
+                }
+                done.store(true, SeqCst);
+            });
+            while !done.load(SeqCst) {
+                assert_eq!(g.unheld.load(Relaxed), unheld);
+            }
+        });
+        assert_eq!(
+            g.resident.load(Relaxed) - g.spilling.load(Relaxed),
+            g.unheld.load(Relaxed)
+        );
+    }
 
     /// A key removed while its value is being written moves that weight
     /// from `spilling` to `detached_io` in one change. Back-pressure asks

@@ -108,6 +108,11 @@ impl<K: Key, V: Spill> Inner<K, V> {
             ("resident", resident, g.resident.load(Relaxed)),
             ("resident_count", count, g.resident_count.load(Relaxed)),
             ("spilling", spilling, g.spilling.load(Relaxed)),
+            (
+                "unheld",
+                resident.saturating_sub(spilling),
+                g.unheld.load(Relaxed),
+            ),
             ("pinned", pinned, self.pinned()),
             (
                 "pinned_spilling",
