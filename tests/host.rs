@@ -679,6 +679,97 @@ async fn heavy_values_are_freed_on_the_io_pool() {
     }
 }
 
+/// A value holding a pin of another key of the same buffer (a view into
+/// it, say). Its encoding is its bytes; read back, it holds no pin.
+#[derive(Debug)]
+struct Link {
+    bytes: Vec<u8>,
+    held: Option<spillbuffer::Pinned<Link>>,
+}
+
+impl Spill for Link {
+    fn weight(&self) -> usize {
+        self.bytes.len()
+    }
+    fn encode(&self, out: &mut Vec<u8>) -> Result<(), BoxError> {
+        out.extend_from_slice(&self.bytes);
+        Ok(())
+    }
+    fn decode(bytes: &[u8]) -> Result<Self, BoxError> {
+        Ok(Link {
+            bytes: bytes.to_vec(),
+            held: None,
+        })
+    }
+}
+
+/// An eviction that drops such a value releases the pin it held, and that
+/// release evicts in turn, on the same thread, while the first eviction
+/// still runs: it must go through, not wait for itself.
+#[test]
+fn evicting_a_value_that_holds_a_pin_of_the_same_buffer_releases_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let storage = FaultyStorage::new();
+    // One shard, so that the least recently used value is exactly the
+    // one that goes.
+    let b: SpillBuffer<u64, Link> = SpillBuffer::builder(tmp.path())
+        .memory_target(2000)
+        .shards(1)
+        .segment_size(64 * 1024)
+        .storage(Arc::new(storage.clone()))
+        .build()
+        .unwrap();
+    let plain = |k: u64| Link {
+        bytes: value(k, 1000),
+        held: None,
+    };
+    b.insert(1, plain(1)).unwrap();
+    let held = b.try_pin(&1).unwrap();
+    b.insert(
+        0,
+        Link {
+            bytes: value(0, 1000),
+            held: Some(held),
+        },
+    )
+    .unwrap();
+    // Key 0 written while a pin keeps it in memory: it stays resident,
+    // clean, and is the least recently used value once unpinned.
+    storage.faults().hold_writes(true);
+    b.evict(1000);
+    storage.faults().wait_until_held(1);
+    let pin = b.try_pin(&0).expect("key 0 is in memory while written");
+    storage.faults().hold_writes(false);
+    b.flush_blocking().unwrap();
+    drop(pin);
+    assert_eq!(b.stats().memory_count, 2);
+    // Key 3 passes the target: the eviction drops key 0 on this thread, and
+    // with it the last pin of key 1, which leaves key 1 over the target.
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let b2 = b.clone();
+    let t = std::thread::spawn(move || {
+        for k in 2..4u64 {
+            b2.insert(k, plain(k)).unwrap();
+        }
+        done_tx.send(()).unwrap();
+    });
+    done_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the inserts did not finish within 30 s");
+    t.join().unwrap();
+    b.flush_blocking().unwrap();
+    let s = b.stats();
+    assert_eq!(s.clean_evictions_total, 1, "{s:?}");
+    assert_eq!(s.memory_bytes, 2000, "{s:?}");
+    for k in 0..4u64 {
+        let v = b.get(&k).unwrap().expect("every key is kept");
+        assert_eq!(v.bytes, value(k, 1000), "key {k}");
+        assert!(v.held.is_none(), "key {k}");
+    }
+    b.flush_blocking().unwrap();
+    b.validate().unwrap();
+}
+
 // ----- the event loop keeps ticking ---------------------------------------
 
 #[test]
