@@ -435,8 +435,15 @@ impl<K: Clone + Debug> Store<K> {
         s.holes = done;
         s.dead_seen = dead;
         self.file_bytes.fetch_sub(freed, Relaxed);
-        if freed > 0 {
-            self.space_freed(&mut g, freed);
+        // The ranges of failed writes held no block the file system gives
+        // back: counted as freed, each hole punched over a failed write
+        // would tell the buffer that space came back, and on a full disk
+        // the retried write would fail into a new range to punch, without
+        // end. Taken to be the first bytes a punch covers.
+        let failed = freed.min(s.failed);
+        s.failed -= failed;
+        if freed > failed {
+            self.space_freed(&mut g, freed - failed);
         }
         Some(freed)
     }

@@ -96,9 +96,11 @@ struct Segment<K> {
     /// The holes punched so far: disjoint, sorted, [`PUNCH_BLOCK`]-aligned
     /// ranges that no live record touches.
     holes: Vec<(u64, u64)>,
-    /// Bytes of `0..end` whose write failed: counted in `end` (the range
-    /// stays allocated, dead), but not space the file system gives back
-    /// when the file goes, so not "space freed" (see [`Store::delete`]).
+    /// Bytes of `0..end` whose write failed and that no hole has covered
+    /// yet: counted in `end` (the range stays allocated, dead), but not
+    /// space the file system gives back when the file goes or a hole is
+    /// punched over them, so not "space freed" (see [`Store::delete`] and
+    /// `Store::punch`, which takes them to be the first bytes it covers).
     failed: u64,
     /// Dead bytes (`end - live`) when holes were last punched: a full disk
     /// asks for another pass only once enough more has died.

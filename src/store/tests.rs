@@ -321,3 +321,29 @@ fn a_held_segment_keeps_its_dead_records_until_the_hold_goes() {
     );
     space_back_and_records_intact(&s, &faults, used, &locs.borrow(), len_of);
 }
+
+/// A write that fails on a full disk leaves its range allocated and dead.
+/// Punching that range out gives back no space the disk had before the
+/// write, so it must not count as space returned: the buffer would retry
+/// at once, fail into a new range, punch it out, and so on without end.
+#[test]
+fn punching_out_failed_writes_returns_no_space() {
+    let (_tmp, s, _faults, locs) = a_full_disk(|_| 10_000);
+    let live: Vec<(u32, DiskLoc)> = locs.iter().map(|(&k, &l)| (k, l)).collect();
+    let locs = std::cell::RefCell::new(locs);
+    s.take_space_returned();
+    let epoch = s.space_epoch();
+    for k in 0..40u32 {
+        match s.write(&(1_000 + k), &rec(&vec![k as u8; 10_000])) {
+            Err(Error::DiskFull { .. }) => {}
+            other => panic!("write {k} on a full disk: {other:?}"),
+        }
+        compact_rounds(&s, &locs, 1);
+        assert!(!s.take_space_returned(), "after failed write {k}");
+    }
+    assert_eq!(s.space_epoch(), epoch);
+    s.validate().unwrap();
+    for (k, l) in live {
+        assert_eq!(locs.borrow()[&k], l, "record {k} did not move");
+    }
+}
