@@ -425,7 +425,7 @@ impl Runner {
     fn clear_faults(&mut self) {
         if let Some(f) = &self.faults {
             // Let IO that may still meet an armed fault finish first.
-            self.buf.flush_blocking().expect("flush");
+            block_on(self.buf.flush(), HANG).expect("flush");
             f.clear();
             self.read_faults = false;
         }
@@ -491,7 +491,7 @@ impl Runner {
                 self.fail(&op, format!("final remove({key}) found nothing"));
             }
         }
-        self.buf.flush_blocking().expect("flush");
+        block_on(self.buf.flush(), HANG).expect("flush");
         self.check(&op);
         self.validate(&op);
         let st = self.buf.stats();
