@@ -710,8 +710,10 @@ impl Spill for Link {
 fn evicting_a_value_that_holds_a_pin_of_the_same_buffer_releases_it() {
     let tmp = tempfile::tempdir().unwrap();
     let storage = FaultyStorage::new();
-    // One shard, so that the least recently used value is exactly the
-    // one that goes.
+    // One shard: the inserts below run on another thread, whose uses are
+    // ordered after this thread's exactly only within the same shard
+    // (across shards, within the clock's slack), so that key 0, the least
+    // recently used, is surely the value that goes.
     let b: SpillBuffer<u64, Link> = SpillBuffer::builder(tmp.path())
         .memory_target(2000)
         .shards(1)
