@@ -70,10 +70,10 @@ impl<K: Key, V: Spill> Inner<K, V> {
     /// Evict until unpinned resident bytes are within the target.
     ///
     /// One thread evicts for the target at a time (this, or
-    /// [`drop_clean_for`](Self::drop_clean_for)). Two threads that find the same excess
-    /// (the host's insert, and the pool's look at the target after a
-    /// write ends) would otherwise both evict for it, and memory would
-    /// fall below the target by a value each time. The second waits for
+    /// [`drop_clean_for`](Self::drop_clean_for)). Two threads that find
+    /// the same excess (the host's insert, and the pool's look at the
+    /// target after a write ends) would otherwise both evict for it, and
+    /// memory would fall below the target by a value each time. The second waits for
     /// the first, then finds the excess gone. The wait is for CPU work
     /// only: an eviction drops clean values and queues writes, it does no
     /// IO. The lock is re-entrant, since a value dropped here may hold a
