@@ -236,6 +236,29 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicBool;
 
+    /// Apply `d` to `g`, then its negation, 20,000 times on another thread,
+    /// while this thread calls `check` with the number of checks so far,
+    /// until that thread is done. The negation is not a transition the
+    /// buffer makes: it puts the weight back for the next round.
+    fn while_applying(g: &Gauges, d: Delta, mut check: impl FnMut(u64)) {
+        let pinned = AtomicUsize::new(0);
+        let done = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 0..20_000 {
+                    g.apply(d, &pinned);
+                    g.apply(d.negate(), &pinned);
+                }
+                done.store(true, SeqCst);
+            });
+            let mut checks = 0;
+            while !done.load(SeqCst) {
+                check(checks);
+                checks += 1;
+            }
+        });
+    }
+
     /// A write that ends lowers `resident` and `spilling` by the same
     /// weight. `over_target` reads what is in memory and not being written
     /// from `unheld` alone, so it must never see that change half made:
@@ -266,20 +289,8 @@ mod tests {
         g.apply(evicted, &pinned);
         let unheld = g.unheld.load(Relaxed);
         assert_eq!(unheld, 2 * W as usize);
-        let done = AtomicBool::new(false);
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                for _ in 0..20_000 {
-                    g.apply(written, &pinned);
-                    // Not a transition the buffer makes: it puts the
-                    // weight back for the next round.
-                    g.apply(written.negate(), &pinned);
-                }
-                done.store(true, SeqCst);
-            });
-            while !done.load(SeqCst) {
-                assert_eq!(g.unheld.load(Relaxed), unheld);
-            }
+        while_applying(&g, written, |_| {
+            assert_eq!(g.unheld.load(Relaxed), unheld);
         });
         assert_eq!(
             g.resident.load(Relaxed) - g.spilling.load(Relaxed),
@@ -315,25 +326,11 @@ mod tests {
             ..Delta::ZERO
         };
         g.apply(written, &pinned);
-        let done = AtomicBool::new(false);
-        let mut reads = 0u64;
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                for _ in 0..20_000 {
-                    g.apply(removed, &pinned);
-                    // Not a transition the buffer makes: it puts the
-                    // weight back for the next round.
-                    g.apply(removed.negate(), &pinned);
-                }
-                done.store(true, SeqCst);
-            });
-            while !done.load(SeqCst) {
-                assert!(
-                    g.io_held.load(Relaxed) > 0,
-                    "a write in flight showed as none after {reads} reads"
-                );
-                reads += 1;
-            }
+        while_applying(&g, removed, |reads| {
+            assert!(
+                g.io_held.load(Relaxed) > 0,
+                "a write in flight showed as none after {reads} reads"
+            );
         });
         assert_eq!(g.io_held.load(Relaxed), W as usize);
         assert_eq!(
