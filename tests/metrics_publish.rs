@@ -379,7 +379,11 @@ fn two_buffers_keep_their_own_series() {
         a.insert(k, value(k, W)).unwrap();
     }
     b.insert(1, value(1, 3 * W)).unwrap();
+    // Both flushed: each buffer's pool runs a start-up sweep, and a tick
+    // after it publishes that job's busy time, after any `stats()` taken
+    // while it still runs.
     a.flush_blocking().unwrap();
+    b.flush_blocking().unwrap();
     let (sa, sb) = (a.stats(), b.stats());
     assert_ne!(sa.memory_bytes, sb.memory_bytes);
     assert!(sa.spill_count_total > 0 && sb.spill_count_total == 0);
