@@ -723,7 +723,7 @@ impl<K: Hash + Eq, V> HitIndex<K, V> {
     }
 
     /// Places allocated so far, in use or free.
-    #[cfg(test)]
+    #[cfg(all(test, not(shuttle)))]
     pub(crate) fn places(&self) -> usize {
         self.pool.chunks.lock().len() * CHUNK
     }
@@ -738,7 +738,7 @@ impl<K: Hash + Eq, V> HitIndex<K, V> {
     }
 
     /// Free places, over every shard.
-    #[cfg(test)]
+    #[cfg(all(test, not(shuttle)))]
     pub(crate) fn free_places(&self) -> usize {
         self.tables
             .iter()
@@ -754,7 +754,7 @@ impl<K: Hash + Eq, V> HitIndex<K, V> {
     }
 
     /// The address of `cell`'s place.
-    #[cfg(test)]
+    #[cfg(all(test, not(shuttle)))]
     pub(crate) fn address(cell: &CellRef<K, V>) -> usize {
         cell.place.as_ptr() as usize
     }
