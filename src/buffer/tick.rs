@@ -33,8 +33,9 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 /// which reads the clock. At 64, two threads hitting different keys spent
 /// about a tenth of their time on those misses; at 256 the misses are a
 /// quarter as many, and the drift is still small next to the resident
-/// entries of a buffer that evicts (docs/BENCHMARKS.md, "The clock two
-/// threads share").
+/// entries of a buffer that evicts (measured in
+/// docs/bench-results/2026-12-03-hit-path.md, "The clock two threads
+/// share").
 pub(crate) const SLACK: u64 = 256;
 
 thread_local! {
