@@ -73,11 +73,12 @@ impl<K: Key, V: Spill> Inner<K, V> {
     /// [`drop_clean_for`](Self::drop_clean_for)). Two threads that find
     /// the same excess (the host's insert, and the pool's look at the
     /// target after a write ends) would otherwise both evict for it, and
-    /// memory would fall below the target by a value each time. The second waits for
-    /// the first, then finds the excess gone. The wait is for CPU work
-    /// only: an eviction drops clean values and queues writes, it does no
-    /// IO. The lock is re-entrant, since a value dropped here may hold a
-    /// pin of this buffer whose release evicts in turn.
+    /// memory would fall below the target by a value each time. The
+    /// second waits for the first, then finds the excess gone. The wait is
+    /// for CPU work only: an eviction drops clean values and queues
+    /// writes, it does no IO. The lock is re-entrant, since a value
+    /// dropped here may hold a pin of this buffer whose release evicts in
+    /// turn.
     pub(crate) fn evict_to_target(&self) {
         // Pairs with the fence in `check_target`: a change this thread
         // made before is seen by a thread checking after it, or this
