@@ -58,11 +58,13 @@ fn hit(c: &mut Criterion) {
     let dir = common::dir();
     let mut g = c.benchmark_group("hit");
     for (name, keys) in KEY_COUNTS {
-        let b = common::buffer(dir.path(), usize::MAX / 2);
-        for k in 0..keys {
-            b.insert(k, common::hit_value(k)).unwrap();
-        }
         for threads in [1usize, 2] {
+            // A buffer for each thread count, so that two threads start
+            // from the state one did: no cells that other threads gave.
+            let b = common::buffer(dir.path(), usize::MAX / 2);
+            for k in 0..keys {
+                b.insert(k, common::hit_value(k)).unwrap();
+            }
             // Bytes of values handed out per second, over all threads.
             g.throughput(Throughput::Bytes((VALUE * threads) as u64));
             g.bench_function(format!("try_pin/{name}/{threads}-threads"), |bn| {

@@ -6,7 +6,7 @@
 //! cargo run --release --example bench -- [--workload all|metadata|hit|get|pin-once|insert|spill|unspill|unspill-pipelined|policy]
 //!     [--dir DIR] [--small BYTES] [--large BYTES] [--count-small N] [--count-large N]
 //!     [--target BYTES] [--threads 1,2] [--compression lz4|none] [--keys N] [--io-threads N]
-//!     [--hit-ops N] [--hit-keys N] [--hit-draws N] [--hit-warm N] [--hit-fresh] [--hit-cells N] [--repeat R] [--window W]
+//!     [--hit-ops N] [--hit-keys N] [--hit-draws N] [--hit-warm N] [--hit-kept] [--hit-cells N] [--repeat R] [--window W]
 //! ```
 //!
 //! Every figure is the median of `--repeat` runs; crate and raw runs
@@ -22,13 +22,17 @@
 //! told; a power of two) drawn at random from its own share of the
 //! `--hit-keys` resident ones, in turn, new draws in every repeat. The
 //! first two pins of a key take its shard's lock (at 1M keys, about a
-//! microsecond each); `--hit-warm N` makes N untimed passes over the
-//! draws first, so that with 2 or more every timed call is a hit.
-//! Unless told `--hit-fresh`, every step runs on one buffer, which keeps
-//! the cells earlier steps and repeats gave (up to its budget of cells);
-//! with it, each repeat of each step (and of the own-buffers run) builds
-//! its buffers first, so that one thread and two see the same state.
-//!
+//! microsecond each) and give it its hit cell; each thread first makes
+//! `--hit-warm N` untimed passes over its draws (2 unless told), so that
+//! every timed call is a hit. Each repeat of each thread count (and of the
+//! own-buffers run) builds its buffers first, so that one thread and two
+//! start from the same state. With two threads or more, each repeat also
+//! times the threads on a buffer whose cells one other thread gave first,
+//! in random order (`interleaved_*`): their places then lie interleaved,
+//! as in a worker whose tasks pin keys that other tasks pinned first.
+//! `--hit-kept` runs every step on one buffer instead, which keeps the
+//! cells earlier steps and repeats gave (up to its budget of cells).
+
 //! `policy` (not part of `all`): `--hit-keys` values of `--small` bytes
 //! inserted once, then `--hit-ops` blocking `get`s in zipf(1) order and in
 //! a zipf-plus-scan mix, with memory for 10%, 25% and 50% of the values;
@@ -88,7 +92,7 @@ fn usage() -> ! {
     eprintln!(
         "usage: bench [--workload all|metadata|hit|get|pin-once|insert|spill|unspill|unspill-pipelined|policy|policy-sweep] [--dir DIR] \
          [--small BYTES] [--large BYTES] [--count-small N] [--count-large N] [--target BYTES] \
-         [--threads 1,2] [--compression lz4|none] [--keys N] [--io-threads N] [--hit-ops N] [--hit-keys N] [--hit-draws N] [--hit-warm N] [--hit-fresh] [--hit-cells N] [--repeat R] [--window W]"
+         [--threads 1,2] [--compression lz4|none] [--keys N] [--io-threads N] [--hit-ops N] [--hit-keys N] [--hit-draws N] [--hit-warm N] [--hit-kept] [--hit-cells N] [--repeat R] [--window W]"
     );
     std::process::exit(2)
 }
@@ -109,9 +113,9 @@ fn parse() -> Opts {
         hit_ops: 2_000_000,
         hit_keys: 10_000,
         hit_draws: common::HIT_DRAWS,
-        hit_warm: 0,
+        hit_warm: 2,
         hit_cells: None,
-        hit_fresh: false,
+        hit_fresh: true,
         repeat: 3,
         window: 4,
     };
@@ -147,7 +151,9 @@ fn parse() -> Opts {
                 }
             }
             "--hit-warm" => o.hit_warm = num(val()),
+            // `--hit-fresh` was the flag when kept buffers were the default.
             "--hit-fresh" => o.hit_fresh = true,
+            "--hit-kept" => o.hit_fresh = false,
             "--hit-cells" => o.hit_cells = Some(num(val())),
             "--repeat" => o.repeat = num(val()).max(1),
             "--window" => o.window = num(val()).max(1),
@@ -361,6 +367,8 @@ fn hit(o: &Opts, use_get: bool) {
         let mut shareds = Vec::new();
         let mut owns = Vec::new();
         let mut own_cpu = Vec::new();
+        let mut inter = Vec::new();
+        let mut inter_cpu = Vec::new();
         let own_bufs = || -> Vec<Buf> {
             if t == 1 {
                 return Vec::new();
@@ -432,6 +440,18 @@ fn hit(o: &Opts, use_get: bool) {
                 let cpu: u64 = res.iter().map(|r| r.2).sum();
                 own_cpu.push(cpu as f64 / (per_thread * t) as f64);
             }
+            // The same threads on a buffer whose cells this thread gave
+            // first, taking their keys in random order: their places lie
+            // interleaved, not each thread's together.
+            if o.hit_fresh && t > 1 {
+                let b = resident(o, 0..keys);
+                give_cells_interleaved(&b, keys, t, o, rep, use_get);
+                let res = hit_threads(&[&b], keys, t, per_thread, o, rep, use_get);
+                let slowest = res.iter().map(|r| r.0).max().unwrap();
+                inter.push((per_thread * t) as f64 / slowest.as_secs_f64());
+                let cpu: u64 = res.iter().map(|r| r.2).sum();
+                inter_cpu.push(cpu as f64 / (per_thread * t) as f64);
+            }
         }
         let par = median(&mut pars);
         let shared_floor = median(&mut shareds);
@@ -475,6 +495,41 @@ fn hit(o: &Opts, use_get: bool) {
             median(&mut own_cpu)
         };
         let own_scaling = scaling_of(own_ops, one_thread, t);
+        let inter_ops = if inter.is_empty() {
+            0.0
+        } else {
+            median(&mut inter)
+        };
+        let inter_cpu_ns = if inter_cpu.is_empty() {
+            0.0
+        } else {
+            median(&mut inter_cpu)
+        };
+        let mut extra = json!({
+            "scaling_vs_1_thread": (scaling * 1000.0).round() / 1000.0,
+            "cpu_ns_per_op": (cpu_ns * 10.0).round() / 10.0,
+            "cpu_ns_per_op_by_repeat": cpu_by_repeat,
+            "own_buffers_cpu_ns_per_op_by_repeat": own_cpu_by_repeat,
+            "cpu_scaling_vs_1_thread": (cpu_scaling * 1000.0).round() / 1000.0,
+            "resident_keys": keys,
+            "draws_per_thread": o.hit_draws,
+            "warm_passes": o.hit_warm,
+            "fresh_buffers": o.hit_fresh,
+            "parallel_floor_ops_per_s": par.round(),
+            "parallel_floor_scaling_vs_1_thread": (par_scaling * 1000.0).round() / 1000.0,
+            "shared_floor_ops_per_s": shared_floor.round(),
+            "shared_floor_scaling_vs_1_thread": (shared_scaling * 1000.0).round() / 1000.0,
+            "own_buffers_ops_per_s": own_ops.round(),
+            "own_buffers_scaling_vs_1_thread": (own_scaling * 1000.0).round() / 1000.0,
+            "own_buffers_cpu_ns_per_op": (own_cpu_ns * 10.0).round() / 10.0,
+            "locked_pin_share": (locked as f64 / pins.max(1) as f64 * 1e5).round() / 1e5,
+        });
+        if !inter.is_empty() {
+            extra["interleaved_ops_per_s"] = json!(inter_ops.round());
+            let s = scaling_of(inter_ops, one_thread, t);
+            extra["interleaved_scaling_vs_1_thread"] = json!((s * 1000.0).round() / 1000.0);
+            extra["interleaved_cpu_ns_per_op"] = json!((inter_cpu_ns * 10.0).round() / 10.0);
+        }
         emit(
             o,
             Line {
@@ -487,27 +542,26 @@ fn hit(o: &Opts, use_get: bool) {
                 lat: percentiles(lat),
                 raw_name: "HashMap get + Arc clone, 1 thread (ops/s)",
                 raw: median(&mut raws),
-                extra: json!({
-                    "scaling_vs_1_thread": (scaling * 1000.0).round() / 1000.0,
-                    "cpu_ns_per_op": (cpu_ns * 10.0).round() / 10.0,
-                    "cpu_ns_per_op_by_repeat": cpu_by_repeat,
-                    "own_buffers_cpu_ns_per_op_by_repeat": own_cpu_by_repeat,
-                    "cpu_scaling_vs_1_thread": (cpu_scaling * 1000.0).round() / 1000.0,
-                    "resident_keys": keys,
-                    "draws_per_thread": o.hit_draws,
-                    "warm_passes": o.hit_warm,
-                    "fresh_buffers": o.hit_fresh,
-                    "parallel_floor_ops_per_s": par.round(),
-                    "parallel_floor_scaling_vs_1_thread": (par_scaling * 1000.0).round() / 1000.0,
-                    "shared_floor_ops_per_s": shared_floor.round(),
-                    "shared_floor_scaling_vs_1_thread": (shared_scaling * 1000.0).round() / 1000.0,
-                    "own_buffers_ops_per_s": own_ops.round(),
-                    "own_buffers_scaling_vs_1_thread": (own_scaling * 1000.0).round() / 1000.0,
-                    "own_buffers_cpu_ns_per_op": (own_cpu_ns * 10.0).round() / 10.0,
-                    "locked_pin_share": (locked as f64 / pins.max(1) as f64 * 1e5).round() / 1e5,
-                }),
+                extra,
             },
         );
+    }
+}
+
+/// Give the cells of the keys the `t` threads of repeat `rep` will read,
+/// from this thread, in one random order of all their draws: two pins of
+/// each (the second's release gives the cell), as `try_pin` (or `get`).
+fn give_cells_interleaved(b: &Buf, keys: u64, t: usize, o: &Opts, rep: usize, use_get: bool) {
+    let mut all: Vec<u64> = (0..t)
+        .flat_map(|ti| common::own_keys(keys, ti, t, o.hit_draws, rep as u64 * 100))
+        .collect();
+    all.shuffle(&mut StdRng::seed_from_u64(rep as u64 + 7));
+    for k in all.iter().chain(&all) {
+        if use_get {
+            std::hint::black_box(b.get(k).unwrap());
+        } else {
+            std::hint::black_box(b.try_pin(k));
+        }
     }
 }
 
