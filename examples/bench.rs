@@ -388,7 +388,7 @@ fn hit(o: &Opts, use_get: bool) {
         for rep in 0..o.repeat {
             let per_thread = o.hit_ops / 64 * 64;
             pins += (per_thread + o.hit_warm * o.hit_draws) * t;
-            // With `--hit-fresh`, buffers built for this repeat: no cell
+            // Unless `--hit-kept`, buffers built for this repeat: no cell
             // of an earlier step or repeat in them.
             let fresh;
             let b = match &shared {
