@@ -32,7 +32,7 @@
 //! as in a worker whose tasks pin keys that other tasks pinned first.
 //! `--hit-kept` runs every step on one buffer instead, which keeps the
 //! cells earlier steps and repeats gave (up to its budget of cells).
-
+//!
 //! `policy` (not part of `all`): `--hit-keys` values of `--small` bytes
 //! inserted once, then `--hit-ops` blocking `get`s in zipf(1) order and in
 //! a zipf-plus-scan mix, with memory for 10%, 25% and 50% of the values;
