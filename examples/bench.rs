@@ -495,16 +495,6 @@ fn hit(o: &Opts, use_get: bool) {
             median(&mut own_cpu)
         };
         let own_scaling = scaling_of(own_ops, one_thread, t);
-        let inter_ops = if inter.is_empty() {
-            0.0
-        } else {
-            median(&mut inter)
-        };
-        let inter_cpu_ns = if inter_cpu.is_empty() {
-            0.0
-        } else {
-            median(&mut inter_cpu)
-        };
         let mut extra = json!({
             "scaling_vs_1_thread": (scaling * 1000.0).round() / 1000.0,
             "cpu_ns_per_op": (cpu_ns * 10.0).round() / 10.0,
@@ -525,10 +515,12 @@ fn hit(o: &Opts, use_get: bool) {
             "locked_pin_share": (locked as f64 / pins.max(1) as f64 * 1e5).round() / 1e5,
         });
         if !inter.is_empty() {
-            extra["interleaved_ops_per_s"] = json!(inter_ops.round());
-            let s = scaling_of(inter_ops, one_thread, t);
+            let ops = median(&mut inter);
+            let s = scaling_of(ops, one_thread, t);
+            extra["interleaved_ops_per_s"] = json!(ops.round());
             extra["interleaved_scaling_vs_1_thread"] = json!((s * 1000.0).round() / 1000.0);
-            extra["interleaved_cpu_ns_per_op"] = json!((inter_cpu_ns * 10.0).round() / 10.0);
+            let cpu = median(&mut inter_cpu);
+            extra["interleaved_cpu_ns_per_op"] = json!((cpu * 10.0).round() / 10.0);
         }
         emit(
             o,
