@@ -168,9 +168,9 @@ fn parse() -> Opts {
         prefetch: 8,
         free_lag: 16,
         free_delay_ms: 0,
-        // Leave one core to the event loop: on this 2-core VM, two IO
-        // threads plus the loop made the loop wait for a CPU for up to a
-        // scheduler slice (ticker max 6-37 ms against 3.4 ms with one).
+        // Leave one core to the event loop: with as many IO threads as
+        // cores, the loop waits for a CPU for up to a scheduler slice,
+        // which shows as ticker lateness the buffer did not cause.
         io_threads: std::thread::available_parallelism()
             .map_or(1, |n| n.get().saturating_sub(1).max(1)),
         io_nice: 0,

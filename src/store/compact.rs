@@ -360,10 +360,9 @@ impl<K: Clone + Debug> Store<K> {
     ///
     /// Only then: with space to spare, copying the live records out and
     /// deleting the file frees as much or more (no block half-used by a
-    /// live record stays) in no more time. Measured on ext4 for a 64 MiB
-    /// segment with nine records in ten dead: 4 KiB records, 1,626 punches
-    /// took 172 ms against 23 ms to copy the rest and unlink; 64 KiB, 31
-    /// against 20 ms; 1 MiB, 17 against 19 ms (docs/BENCHMARKS.md).
+    /// live record stays) in no more time: ext4 journals each punch, so a
+    /// segment of many small dead records takes far longer to punch than
+    /// to copy out.
     fn punch(&self, seg: u32) -> Option<u64> {
         if !self.punch_ok.load(Relaxed) || !self.disk_full.load(Relaxed) {
             return Some(0);

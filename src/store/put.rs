@@ -180,11 +180,11 @@ impl<K: Clone + Debug> Store<K> {
                 return res;
             }
         }
-        // Two pieces, header then payload, with one syscall each: measured
-        // faster here than checksumming and writing 256 KiB pieces in turn
-        // (17 syscalls, each with the file's write lock and dirty-page
-        // throttling check), although that reads the value once instead of
-        // twice.
+        // Two pieces, header then payload, with one syscall each, rather
+        // than checksumming and writing 256 KiB pieces in turn: that would
+        // read the value once instead of twice, but make 17 syscalls, each
+        // taking the file's write lock and the dirty-page throttling
+        // check, which costs more than the second read.
         let mut head = [0u8; record::HEADER];
         record::seal_header(&mut head, Codec::Raw, bytes, raw_len);
         self.write_pieces(key, &[&head, bytes])

@@ -1,6 +1,6 @@
 //! Buffers reused by the encode, compress, read and decompress steps of
 //! one thread: copying into reused memory runs several times faster than
-//! into freshly allocated pages (docs/design.md).
+//! into freshly allocated pages, which fault in one by one.
 
 use std::cell::RefCell;
 

@@ -2,8 +2,8 @@
 //! to be sent, or received to be written, lives in a buffer that goes back
 //! here when the record is dropped, and the next record of at most its
 //! size reuses it. Copying into reused memory runs several times faster
-//! than into fresh pages (docs/design.md), and a large buffer dropped on
-//! the host's thread would cost it a `munmap`.
+//! than into fresh pages (which fault in one by one), and a large buffer
+//! dropped on the host's thread would cost it a `munmap`.
 //!
 //! Process-wide and small: at most [`KEEP_TOTAL`] bytes, in buffers of
 //! [`KEEP_MIN`] to [`KEEP_EACH`] bytes. This memory is no buffer's, so no

@@ -93,7 +93,7 @@ impl Storage for FsStorage {
 /// a memory map: a map turns a file shortened underneath the buffer (by
 /// another process of the same user, or root) into SIGBUS, which kills the
 /// host; `pread()` turns it into a short read, which the store reports as
-/// `Error::Corrupt` naming the key and file. What that costs is measured in
+/// `Error::Corrupt` naming the key and file. Why, and what it costs:
 /// docs/read-path.md. Writes are `pwrite()`; dead ranges are given back to
 /// the file system with `fallocate(FALLOC_FL_PUNCH_HOLE)` on Linux.
 struct FsFile {

@@ -371,25 +371,25 @@ impl<K: Clone + Debug> Store<K> {
 }
 
 /// A whole record received is written in pieces of this size, last
-/// first (the copy into the segment's pages then costs what a plain
-/// socket-to-file copy's does, instead of half as much again); records
+/// first (the end of the record is what the checksum pass left in the
+/// cache, so the copy into the segment's pages starts from cache); records
 /// are read the same way ([`super::get::WHOLE_READ_PIECE`]).
 const BACKWARD_PIECE: usize = super::get::WHOLE_READ_PIECE;
 
 /// A record streamed from a reader is read, checksummed and written in
 /// pieces of this size: small enough that a piece just copied is still in
 /// the core's caches when it is copied on, large enough that the system
-/// calls do not add up (256 KiB pieces cost the receiving thread a
-/// quarter more time than 1 MiB ones, measured over loopback).
+/// calls do not add up (smaller pieces cost the receiving thread more
+/// time over loopback; `examples/transfer.rs --measure` is the check
+/// after changing it).
 const STREAM_PIECE: usize = 1 << 20;
 
 /// A record sent to a writer ([`Hold::send`]) is read and written on in
 /// pieces of this size. Smaller than the receiver's: the sender's piece
 /// is copied twice by the same core (file to scratch, scratch to socket)
-/// and should stay in its L2 (1 MiB per core here) between the two.
-/// Measured over loopback against a raw copy: 256 KiB pieces 0.93–0.95 of
-/// its speed, 512 KiB 0.87–0.97, 1 MiB 0.80–0.81, 64 KiB 0.87–0.92
-/// (docs/bench-results/2026-12-02-transfer-piece-sizes.txt).
+/// and should stay in the core's L2 between the two; of the sizes from
+/// 64 KiB to 1 MiB, this one came closest to a raw copy over loopback
+/// (`examples/transfer.rs --measure` is the check after changing it).
 const SEND_PIECE: usize = 256 << 10;
 
 /// `raw` as a sealed lz4 record in a buffer of its own, if compressing

@@ -1,10 +1,9 @@
 //! Any serde type, through the [`Serde`] wrapper (feature `serde`), in
 //! postcard's format. Chosen by measurement against bincode 2 and
 //! MessagePack (rmp-serde) on a task record and on rows of small integers
-//! (`benches/serde-formats`): postcard's encoding was the smallest (17%
-//! below bincode's, 36% below MessagePack's on the rows), its speed
-//! bincode's on the record and 10-30% slower on the rows; MessagePack was
-//! the slowest to decode and the largest. postcard's wire format is
+//! (`benches/serde-formats`): postcard's encoding is the smallest, its
+//! speed about bincode's on the record and somewhat slower on the rows;
+//! MessagePack is the slowest to decode and the largest. postcard's wire format is
 //! specified, versioned and maintained; bincode's development ceased in
 //! December 2025 (RUSTSEC-2025-0141). Figures in docs/value-types.md.
 
