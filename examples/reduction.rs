@@ -183,6 +183,10 @@ fn parse() -> Opts {
             o.cold = true;
             continue;
         }
+        if flag == "--help" || flag == "-h" {
+            println!("{USAGE}");
+            std::process::exit(0);
+        }
         let val = args
             .next()
             .unwrap_or_else(|| panic!("{flag} needs a value"));
@@ -206,11 +210,15 @@ fn parse() -> Opts {
             "--io-threads" => o.io_threads = num(),
             "--io-nice" => o.io_nice = val.parse().expect("--io-nice N"),
             "--dir" => o.dir = PathBuf::from(&val),
-            _ => panic!("unknown option {flag}"),
+            _ => panic!("unknown option {flag}\n{USAGE}"),
         }
     }
     o
 }
+
+const USAGE: &str = "usage: reduction [--mode both|blocking|async] [--chunks N] [--chunk-mib N] \
+[--target-mib N] [--limit-mib N] [--window N] [--prefetch N] [--free-lag N] [--free-delay-ms N] \
+[--io-threads N] [--io-nice N] [--dir DIR] [--cold]";
 
 // ----- measurement helpers --------------------------------------------------
 
