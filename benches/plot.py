@@ -3,7 +3,7 @@
 same run, from the JSON lines of `cargo run --release --example bench`.
 
     cargo run --release --example bench > results.jsonl
-    python3 benches/plot.py results.jsonl docs/benchmarks.png
+    python3 benches/plot.py results.jsonl plot.png
 
 Needs matplotlib (`pip install matplotlib`).
 """
@@ -22,7 +22,7 @@ def size_label(n):
 
 def main():
     src = sys.argv[1] if len(sys.argv) > 1 else "-"
-    out = sys.argv[2] if len(sys.argv) > 2 else "docs/benchmarks.png"
+    out = sys.argv[2] if len(sys.argv) > 2 else "plot.png"
     lines = open(src) if src != "-" else sys.stdin
     rows = []
     for line in lines:
