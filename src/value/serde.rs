@@ -3,9 +3,10 @@
 //! MessagePack (rmp-serde) on a task record and on rows of small integers
 //! (`benches/serde-formats`): postcard's encoding is the smallest, its
 //! speed about bincode's on the record and somewhat slower on the rows;
-//! MessagePack is the slowest to decode and the largest. postcard's wire format is
-//! specified, versioned and maintained; bincode's development ceased in
-//! December 2025 (RUSTSEC-2025-0141). Figures in docs/value-types.md.
+//! MessagePack is the slowest to decode and the largest. postcard's wire
+//! format is specified, versioned and maintained; bincode's development
+//! ceased in December 2025 (RUSTSEC-2025-0141). The comparison:
+//! docs/value-types.md.
 
 use super::Spill;
 use crate::error::BoxError;
