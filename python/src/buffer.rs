@@ -4,7 +4,7 @@
 //! call that may wait (a disk read, a flush, shutting the IO pool down)
 //! with the GIL released.
 
-use crate::frames::RecordView;
+use crate::frames;
 use crate::key::PyKey;
 use crate::record::parse_envelope;
 use crate::value::{Hooks, PyValue};
@@ -102,7 +102,8 @@ impl Core {
             .lock()
             .get(key)
             .and_then(|(_, layout)| layout.clone());
-        let view = |a, b| Py::new(py, RecordView::new(Arc::clone(rec), a, b)).map(Py::into_any);
+        let mut record_frames = frames::RecordFrames::new(py, rec);
+        let mut view = |a, b| record_frames.frame(a, b);
         let frames: Vec<PyObject> = match layout {
             Some(layout) => {
                 let mut frames = Vec::with_capacity(layout.small.len() + 1);

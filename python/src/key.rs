@@ -44,7 +44,7 @@ impl PyKey {
     /// Convert a Python key; a `TypeError` names the unsupported type.
     pub fn from_py(obj: &Bound<'_, PyAny>) -> PyResult<PyKey> {
         if let Ok(s) = obj.downcast::<PyString>() {
-            return Ok(PyKey::Str(s.to_str()?.to_owned()));
+            return Ok(PyKey::Str(s.to_cow()?.into_owned()));
         }
         if let Ok(t) = obj.downcast::<PyTuple>() {
             return t
@@ -59,7 +59,7 @@ impl PyKey {
         if let Ok(i) = obj.downcast::<PyInt>() {
             return Ok(match i.extract::<i64>() {
                 Ok(v) => PyKey::Int(v),
-                Err(_) => PyKey::BigInt(i.str()?.to_str()?.to_owned()),
+                Err(_) => PyKey::BigInt(i.str()?.to_cow()?.into_owned()),
             });
         }
         if let Ok(f) = obj.downcast::<PyFloat>() {

@@ -2,7 +2,7 @@
 //! keyed by Python keys ([`key`]) and holding Python objects ([`value`]),
 //! exposed as [`buffer::Core`]; [`record`] is what a value looks like on
 //! disk, [`pages`] the memory large records are read back into, and
-//! [`frames`] hands the bytes of values read back to Python without a
+//! [`frames`] moves frames between Python and the buffer without a
 //! copy. The `MutableMapping` users see is in
 //! `spillbuffer/_mapping.py`.
 #![deny(missing_docs)]

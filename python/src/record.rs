@@ -11,7 +11,7 @@
 //!   `b"SBv1" | u32 frame count | u64 weight | u64 length per frame | pad | frames (each padded)`.
 //!
 //! A record read back is held as [`RecordBytes`], which Python sees
-//! through the buffer protocol ([`crate::frames`]).
+//! as numpy arrays on that memory ([`crate::frames`]).
 
 use crate::pages::{Pages, MAPPED_MIN};
 use spillbuffer::BoxError;
@@ -56,7 +56,7 @@ pub struct RecordBytes {
 // SAFETY: the block is owned by this struct alone and freed once, in Drop.
 // Rust reads it (the envelope header when Python first accesses it, the
 // whole record if the value is ever written again) and Python may write to
-// the frames through the buffer protocol; a task writing into its input
+// the frames through the arrays made on them; a task writing into its input
 // while that input is being written out is a race Python's own buffers
 // have too.
 unsafe impl Send for RecordBytes {}
@@ -101,7 +101,7 @@ impl RecordBytes {
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 
-    /// Start of the block, for the buffer protocol.
+    /// Start of the block, for the frames handed to Python.
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr
     }

@@ -10,10 +10,10 @@
 //! read filled; Python gets views of those bytes ([`crate::frames`]) and
 //! deserializes them on first access, on the caller's thread.
 
+use crate::frames::FrameBytes;
 use crate::key::PyKey;
 use crate::record::{write_envelope, Layout, Record, RecordBytes, RAW_MIN};
 use parking_lot::Mutex;
-use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use spillbuffer::{BoxError, Spill};
@@ -55,19 +55,16 @@ impl Hooks {
 
 /// The frames of a serialized value, held (exported) until it is dropped.
 struct Serialized {
-    frames: Vec<PyBuffer<u8>>,
+    frames: Vec<FrameBytes>,
     /// The frame written raw, if the value qualifies.
     raw_at: Option<usize>,
 }
 
 impl Serialized {
     fn bytes(&self, i: usize) -> &[u8] {
-        let f = &self.frames[i];
-        // SAFETY: the buffer is held (exported) for as long as `self`
-        // lives, so its memory stays valid and in place; it is
-        // C-contiguous (checked when taken) and `len_bytes` long. Reading
-        // it does not need the GIL.
-        unsafe { std::slice::from_raw_parts(f.buf_ptr() as *const u8, f.len_bytes()) }
+        // Held in place for as long as `self` lives; reading it does not
+        // need the GIL.
+        self.frames[i].as_slice()
     }
 }
 
@@ -162,18 +159,12 @@ impl PyValue {
     fn serialize(&self, obj: &PyObject, hooks: &Hooks) -> Result<Serialized, BoxError> {
         Python::with_gil(|py| {
             let start = Instant::now();
-            let res = (|| -> PyResult<Vec<PyBuffer<u8>>> {
+            let res = (|| -> PyResult<Vec<FrameBytes>> {
                 let frames = hooks.dumps.call1(py, (obj.clone_ref(py),))?;
                 let frames = frames.bind(py).downcast::<PyList>()?.clone();
                 let mut out = Vec::with_capacity(frames.len());
                 for f in frames.iter() {
-                    let buf = PyBuffer::<u8>::get(&f)?;
-                    if !buf.is_c_contiguous() {
-                        return Err(pyo3::exceptions::PyBufferError::new_err(
-                            "serializer returned a non-contiguous frame",
-                        ));
-                    }
-                    out.push(buf);
+                    out.push(FrameBytes::new(&f)?);
                 }
                 Ok(out)
             })();
@@ -182,7 +173,7 @@ impl PyValue {
                 Ok(frames) => {
                     // Raw: one large frame and the rest small.
                     let large: Vec<usize> = (0..frames.len())
-                        .filter(|&i| frames[i].len_bytes() >= RAW_MIN)
+                        .filter(|&i| frames[i].len() >= RAW_MIN)
                         .collect();
                     let raw_at = (large.len() == 1).then(|| large[0]);
                     Ok(Serialized { frames, raw_at })
@@ -271,7 +262,7 @@ impl Spill for PyValue {
                 self.file_layout(s, i, hooks);
                 hooks
                     .fresh_bytes
-                    .fetch_add(s.frames[i].len_bytes() as u64, Relaxed);
+                    .fetch_add(s.frames[i].len() as u64, Relaxed);
                 Some(s.bytes(i))
             }
             _ => None,

@@ -136,10 +136,11 @@ def test_values_of_any_kind_survive_disk(make):
 
 
 def root_base(a):
-    """What owns an array's memory, following views."""
-    while isinstance(a, np.ndarray):
-        a = a.base
-    return a.obj if isinstance(a, memoryview) else a
+    """What owns an array's memory, following views (arrays' bases and
+    memoryviews' objects)."""
+    while isinstance(a, (np.ndarray, memoryview)):
+        a = a.base if isinstance(a, np.ndarray) else a.obj
+    return a
 
 
 def test_large_arrays_round_trip_zero_copy(make):
