@@ -33,6 +33,7 @@ use crate::frames::RecordView;
 use crate::key::PyKey;
 use crate::record::parse_envelope;
 use crate::value::{Hooks, PyValue};
+use crate::wait::block_on;
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyKeyError, PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -285,7 +286,14 @@ impl Core {
         })
     }
 
-    /// Insert; never waits for disk.
+    /// Insert, then wait (GIL released) while the values the buffer holds
+    /// pass its memory limit and writes in flight will bring them down:
+    /// the crate's `insert_async`, run on this thread. A producer faster
+    /// than the disk is held at the limit instead of filling memory with
+    /// values waiting to be written. When spilling is failing (disk full,
+    /// `max_spill` reached, values that fail to serialize) memory cannot
+    /// fall: the value is then kept in memory without waiting, as
+    /// distributed's own mapping keeps what it cannot spill.
     fn set(
         &self,
         py: Python<'_>,
@@ -304,8 +312,14 @@ impl Core {
         self.remember(k.clone(), weight, &v.token);
         self.hooks.layouts.lock().insert(k.clone(), (v.id(), None));
         // (A replaced value may be dropped in the call, taking the GIL.)
-        self.with_buffer(py, move |buf| buf.insert(k, v))?
-            .map_err(to_py_err)
+        self.with_buffer(py, move |buf| match block_on(buf.insert_async(k, v)) {
+            Ok(()) => Ok(()),
+            Err(refused) => {
+                let (k, v) = refused.into_inner();
+                buf.insert(k, v)
+            }
+        })?
+        .map_err(to_py_err)
     }
 
     /// The value of `key`: from memory, or read back from disk with the GIL

@@ -3,7 +3,7 @@
 //! exposed as [`buffer::Core`]; [`record`] is what a value looks like on
 //! disk, [`pages`] the memory large records are read back into, and
 //! [`frames`] hands the bytes of values read back to Python without a
-//! copy. The `MutableMapping` users see is in
+//! copy; [`wait`] runs the buffer's futures on a blocking call. The `MutableMapping` users see is in
 //! `spillbuffer/_mapping.py`.
 #![deny(missing_docs)]
 
@@ -13,6 +13,7 @@ mod key;
 mod pages;
 mod record;
 mod value;
+mod wait;
 
 use pyo3::prelude::*;
 
