@@ -101,14 +101,20 @@ def worker_buffer(worker_local_directory: str, **options: Any) -> SpillBuffer:
             options["target"] = 1 << 62
             logger.info("worker has no memory limit: spillbuffer spills only on evict()")
     spill = getattr(manager, "memory_spill_fraction", None)
+    pause = getattr(manager, "memory_pause_fraction", None) or spill
     if "limit" not in options and limit and spill and options["target"] < (1 << 62):
         # Back-pressure: data[k] = v waits (GIL released) for writes in
         # flight while what the buffer holds passes the managed share of
-        # the spill threshold. Between the target and there, writes run
-        # behind the inserts; beyond it the producer is held as
-        # synchronous spilling would hold it, well before the pause and
-        # terminate thresholds (docs/dask.md, "Memory bounds").
-        options["limit"] = max(options["target"], int(limit * spill) - _process_memory())
+        # the point halfway between the spill and pause thresholds.
+        # Between the target and there, writes run behind the inserts and
+        # the event loop never waits; beyond it the producer is held as
+        # synchronous spilling would hold it, before the pause threshold
+        # and far from the terminate one (docs/dask.md, "Memory bounds").
+        # At the spill threshold itself, the seed scenario's persist had
+        # the loop wait for writes of its 64 MiB chunks, in gaps of up to
+        # 0.3 s.
+        fraction = (spill + max(pause, spill)) / 2
+        options["limit"] = max(options["target"], int(limit * fraction) - _process_memory())
     options.setdefault("write_headroom", True)
     if "max_spill" not in options and manager is not None:
         options["max_spill"] = manager.max_spill
