@@ -138,8 +138,11 @@ class SpillBuffer(MutableMapping):
     target
         Bytes of values (by ``weight``) kept in memory before spilling starts.
     limit
-        The Rust buffer's ``memory_limit`` (back-pressure for async inserts);
-        defaults to ``target``.
+        Back-pressure: ``data[k] = v`` waits (GIL released) while the values
+        the buffer holds (in memory, including those being written) weigh
+        more than this and writes in flight will bring them down. At least
+        ``target``; defaults to ``target``. Memory then stays within
+        ``limit`` plus about ``io_threads + 1`` of the largest values.
     max_spill
         Disk budget in bytes; ``False``/``None`` for none. Values refused by
         it stay in memory.
@@ -212,6 +215,8 @@ class SpillBuffer(MutableMapping):
             raise OSError(e.errno, f"cannot create spill directory {directory}: {e.strerror}") from e
         self.directory = directory
         self.target = target
+        #: The back-pressure threshold (see ``limit`` above).
+        self.limit = target if limit is None else limit
         self.max_spill = False if max_spill is None else max_spill
         self._weight = weight if weight is not None else _default_weight()
         self._dumps = Dumps()
@@ -229,7 +234,10 @@ class SpillBuffer(MutableMapping):
     # ----- the mapping --------------------------------------------------
 
     def __setitem__(self, key: object, value: object) -> None:
-        """Insert; never waits for disk. Spills run on the IO pool."""
+        """Insert. Spills run on the IO pool; this waits for them (GIL
+        released) only while the buffer holds more than ``limit`` and
+        writes in flight will bring it down (back-pressure), and not when
+        spilling is failing (the value is then kept in memory)."""
         weight = int(self._weight(value))
         if self._write_headroom and weight > self._heaviest:
             self._heaviest = weight

@@ -84,8 +84,8 @@ def worker_buffer(worker_local_directory: str, **options: Any) -> SpillBuffer:
     """Build a worker's ``SpillBuffer`` under its local directory (the
     callable of ``data()``)."""
     manager = _memory_manager()
+    limit = getattr(manager, "memory_limit", None)
     if "target" not in options:
-        limit = getattr(manager, "memory_limit", None)
         fraction = getattr(manager, "memory_target_fraction", None) or getattr(
             manager, "memory_spill_fraction", None
         )
@@ -100,6 +100,21 @@ def worker_buffer(worker_local_directory: str, **options: Any) -> SpillBuffer:
             # No memory limit: spill only when told to (evict()).
             options["target"] = 1 << 62
             logger.info("worker has no memory limit: spillbuffer spills only on evict()")
+    spill = getattr(manager, "memory_spill_fraction", None)
+    pause = getattr(manager, "memory_pause_fraction", None) or spill
+    if "limit" not in options and limit and spill and options["target"] < (1 << 62):
+        # Back-pressure: data[k] = v waits (GIL released) for writes in
+        # flight while what the buffer holds passes the managed share of
+        # the point halfway between the spill and pause thresholds.
+        # Between the target and there, writes run behind the inserts and
+        # the event loop never waits; beyond it the producer is held as
+        # synchronous spilling would hold it, before the pause threshold
+        # and far from the terminate one (docs/dask.md, "Memory bounds").
+        # At the spill threshold itself, the seed scenario's persist had
+        # the loop wait for writes of its 64 MiB chunks, in gaps of up to
+        # 0.3 s.
+        fraction = (spill + max(pause, spill)) / 2
+        options["limit"] = max(options["target"], int(limit * fraction) - _process_memory())
     options.setdefault("write_headroom", True)
     if "max_spill" not in options and manager is not None:
         options["max_spill"] = manager.max_spill
@@ -111,7 +126,9 @@ class PrefetchPlugin(WorkerPlugin):
 
     - When a task becomes ready to run, and when the task before it starts,
       asks the buffer to read the inputs of the next ``lookahead`` ready
-      tasks back on its IO pool (within the memory target).
+      tasks back on its IO pool (within the memory target), unless process
+      memory is over the worker's target fraction: reads ahead then wait
+      until memory is back under it.
     - A worker's ``execute`` gathers a task's inputs with ``data[key]`` on
       the event loop, which would wait there for a read not finished yet.
       The plugin wraps the worker's ``execute``: inputs still on disk are
@@ -165,6 +182,26 @@ class PrefetchPlugin(WorkerPlugin):
             if held is not None:
                 held.release()
 
+    def _memory_high(self) -> bool:
+        """Is process memory over the worker's target fraction (where its
+        memory monitor evicts)? No read-ahead then."""
+        manager = getattr(self.worker, "memory_manager", None)
+        limit = getattr(manager, "memory_limit", None)
+        fraction = getattr(manager, "memory_target_fraction", None) or getattr(
+            manager, "memory_spill_fraction", None
+        )
+        if not limit or not fraction:
+            return False
+        try:
+            memory = self.worker.monitor.get_process_memory()
+        except Exception:  # an older or stubbed monitor: no gate
+            return False
+        return memory > limit * fraction
+
+    def _prefetch(self, inputs: list) -> None:
+        if inputs and not self._memory_high():
+            self.buffer.prefetch(inputs)
+
     def _prefetch_next(self) -> None:
         inputs = [
             dep.key
@@ -172,8 +209,7 @@ class PrefetchPlugin(WorkerPlugin):
             for dep in nxt.dependencies
             if dep.state == "memory"
         ]
-        if inputs:
-            self.buffer.prefetch(inputs)
+        self._prefetch(inputs)
 
     def transition(self, key, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
         buf = self.buffer
@@ -184,8 +220,7 @@ class PrefetchPlugin(WorkerPlugin):
             return
         if finish in _QUEUED:
             inputs = [dep.key for dep in ts.dependencies if dep.state == "memory"]
-            if inputs:
-                buf.prefetch(inputs)
+            self._prefetch(inputs)
         elif finish == "executing":
             # The next tasks' inputs are read while this one runs.
             self._prefetch_next()

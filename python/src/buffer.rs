@@ -1,13 +1,39 @@
 //! [`Core`]: the Rust buffer as seen from Python. The `MutableMapping`
 //! around it (`spillbuffer.SpillBuffer`) adds weights, serialization and
-//! metrics in Python; this type holds the keys and values and makes every
-//! call that may wait (a disk read, a flush, shutting the IO pool down)
-//! with the GIL released.
+//! metrics in Python; this type holds the keys and values.
+//!
+//! # The GIL and the locks
+//!
+//! The buffer's IO threads take the GIL inside the crate: to serialize a
+//! value (`PyValue::encode`) and to drop one (`PyValue`'s `Drop`), and the
+//! crate may do either while it holds one of its own locks (it drops
+//! values evicted clean while holding its eviction lock, for one). A thread
+//! that waited for such a lock while holding the GIL would wait for ever:
+//! the holder waits for the GIL. So, by construction:
+//!
+//! 1. **No call into the crate with the GIL held.** Every method of the
+//!    Rust buffer, and every drop of a [`Pinned`] or of a buffer handle
+//!    (which may unpin, evict, or join the IO threads), runs inside
+//!    [`Core::with_buffer`] or [`release`], that is under
+//!    `Python::allow_threads`. A thread waiting for a lock of the crate
+//!    therefore never holds the GIL, whatever the crate does under that
+//!    lock.
+//! 2. **The binding's own locks are leaves.** `buf`, `known`,
+//!    `manual_pending`, `Held::pins` and the [`Hooks`] maps are held only
+//!    for a map or vector operation: never across a call into the crate,
+//!    a wait for the GIL, Python code, or the drop of a value. Taking one
+//!    with or without the GIL cannot close a cycle.
+//!
+//! Together: a thread holding the GIL waits for no lock whose holder can
+//! wait for the GIL. (Waiting for the GIL while holding a crate lock, as
+//! IO threads do, is then harmless.) `tests/test_deadlock.py` runs mixed
+//! operations from several threads under a watchdog.
 
 use crate::frames;
 use crate::key::PyKey;
 use crate::record::parse_envelope;
 use crate::value::{Hooks, PyValue};
+use crate::wait::block_on;
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyKeyError, PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -32,18 +58,29 @@ struct Known {
 }
 
 /// The native half of `spillbuffer.SpillBuffer`.
+///
+/// Every lock here is a leaf (see the module docs): held for a map or
+/// vector operation only, never across a call into the crate, a wait for
+/// the GIL or Python code.
 #[pyclass(module = "spillbuffer._native", frozen)]
 pub struct Core {
-    /// `None` once closed.
+    /// `None` once closed. (Leaf: a handle is cloned or taken out.)
     buf: Mutex<Option<Buffer>>,
     hooks: Arc<Hooks>,
+    /// (Leaf.)
     known: Mutex<HashMap<PyKey, Known>>,
     /// Total weight of the known keys.
     weight_total: AtomicU64,
     deserialize_nanos: AtomicU64,
     /// After a manual eviction queued a write: the count of landed writes
-    /// (done or failed) to reach before the next one.
+    /// (done or failed) to reach before the next one. (Leaf.)
     manual_pending: Mutex<Option<u64>>,
+}
+
+/// Drop `t` with the GIL released: a [`Pinned`] or a buffer handle, whose
+/// drop may take the crate's locks (rule 1 of the module docs).
+fn release<T: Send>(py: Python<'_>, t: T) {
+    py.allow_threads(move || drop(t));
 }
 
 fn to_py_err(e: Error) -> PyErr {
@@ -60,6 +97,17 @@ impl Core {
             .lock()
             .clone()
             .ok_or_else(|| PyRuntimeError::new_err("this SpillBuffer is closed"))
+    }
+
+    /// Run `f` on the buffer with the GIL released, and let go of the
+    /// handle there too (rule 1 of the module docs).
+    fn with_buffer<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&Buffer) -> T + Send,
+    ) -> PyResult<T> {
+        let buf = self.buffer()?;
+        Ok(py.allow_threads(move || f(&buf)))
     }
 
     /// A value read back (by this call or a prefetch) is resident now.
@@ -127,6 +175,61 @@ impl Core {
             .fetch_add(start.elapsed().as_nanos() as u64, Relaxed);
         Ok(value.set_object(py, obj.unbind()))
     }
+
+    /// [`Core::evict_one`], with the GIL released: the weight evicted, or
+    /// `None` for the -1 the protocol asks.
+    fn evict_one_unlocked(&self, buf: &Buffer, cap: u64, wait_s: f64) -> Option<i64> {
+        let landed = |s: &Stats| s.spill_count_total + s.spill_errors_total;
+        let pending = *self.manual_pending.lock();
+        if let Some(threshold) = pending {
+            if landed(&buf.stats()) < threshold {
+                return None;
+            }
+            // (Another thread may have set a new one meanwhile: keep it.)
+            let mut pending = self.manual_pending.lock();
+            if *pending == Some(threshold) {
+                *pending = None;
+            }
+        }
+        let before = buf.stats();
+        if before.spilling_bytes >= cap {
+            return None;
+        }
+        let w = buf.evict(1);
+        if w == 0 {
+            return None;
+        }
+        // A clean eviction freed its memory at once; a dirty one queued a
+        // write. Writes land in queue order, so the next one landing is
+        // this one or one before it.
+        if buf.stats().clean_evictions_total == before.clean_evictions_total {
+            let threshold = landed(&before) + 1;
+            let wait = Duration::from_secs_f64(wait_s.max(0.0));
+            let deadline = Instant::now() + wait;
+            let done = loop {
+                if landed(&buf.stats()) >= threshold {
+                    break true;
+                }
+                if Instant::now() >= deadline {
+                    break false;
+                }
+                std::thread::sleep(Duration::from_micros(50));
+            };
+            if !done {
+                // Still in flight: memory has not fallen yet. -1 ends the
+                // monitor's round here, before it concludes that evicting
+                // did not free memory (it would then run the garbage
+                // collector on the loop); it looks again at its next tick.
+                *self.manual_pending.lock() = Some(threshold);
+                return None;
+            } else if buf.stats().spill_errors_total > before.spill_errors_total {
+                // It failed (the value stays in memory, the error is
+                // reported): tell the monitor, which then stops trying.
+                return None;
+            }
+        }
+        Some(w as i64)
+    }
 }
 
 #[pymethods]
@@ -184,9 +287,21 @@ impl Core {
         })
     }
 
-    /// Insert; never waits for disk.
-    fn set(&self, key: &Bound<'_, PyAny>, value: PyObject, weight: usize) -> PyResult<()> {
-        let buf = self.buffer()?;
+    /// Insert, then wait (GIL released) while the values the buffer holds
+    /// pass its memory limit and writes in flight will bring them down:
+    /// the crate's `insert_async`, run on this thread. A producer faster
+    /// than the disk is held at the limit instead of filling memory with
+    /// values waiting to be written. When spilling is failing (disk full,
+    /// `max_spill` reached, values that fail to serialize) memory cannot
+    /// fall: the value is then kept in memory without waiting, as
+    /// distributed's own mapping keeps what it cannot spill.
+    fn set(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        value: PyObject,
+        weight: usize,
+    ) -> PyResult<()> {
         let mut k = PyKey::from_py(key)?;
         // As a dict does, replacing a value keeps the key first inserted
         // (`1` stays `1` when `1.0` is assigned to).
@@ -197,7 +312,15 @@ impl Core {
         // Remembered before the insert: the buffer may spill it at once.
         self.remember(k.clone(), weight, &v.token);
         self.hooks.layouts.lock().insert(k.clone(), (v.id(), None));
-        buf.insert(k, v).map_err(to_py_err)
+        // (A replaced value may be dropped in the call, taking the GIL.)
+        self.with_buffer(py, move |buf| match block_on(buf.insert_async(k, v)) {
+            Ok(()) => Ok(()),
+            Err(refused) => {
+                let (k, v) = refused.into_inner();
+                buf.insert(k, v)
+            }
+        })?
+        .map_err(to_py_err)
     }
 
     /// The value of `key`: from memory, or read back from disk with the GIL
@@ -211,33 +334,47 @@ impl Core {
     ) -> PyResult<(PyObject, usize, bool)> {
         let buf = self.buffer()?;
         let k = PyKey::from_py(key)?;
-        if let Some(p) = buf.try_pin(&k) {
-            self.mark_resident(&k, &p);
-            let obj = self.object_of(py, &k, &p, loads)?;
-            return Ok((obj, p.weight(), false));
-        }
-        let pinned = py.allow_threads(|| buf.get(&k)).map_err(to_py_err)?;
-        let Some(p) = pinned else {
-            return Err(PyKeyError::new_err(key.clone().unbind()));
+        // A memory hit, else a read from disk (joining one in flight).
+        let (pinned, waited) = py.allow_threads(|| match buf.try_pin(&k) {
+            Some(p) => (Ok(Some(p)), false),
+            None => (buf.get(&k), true),
+        });
+        let pinned = match pinned {
+            Ok(Some(p)) => p,
+            Ok(None) => {
+                release(py, buf);
+                return Err(PyKeyError::new_err(key.clone().unbind()));
+            }
+            Err(e) => {
+                release(py, buf);
+                return Err(to_py_err(e));
+            }
         };
-        self.mark_resident(&k, &p);
-        let obj = self.object_of(py, &k, &p, loads)?;
-        Ok((obj, p.weight(), true))
+        self.mark_resident(&k, &pinned);
+        let obj = self.object_of(py, &k, &pinned, loads);
+        let weight = pinned.weight();
+        release(py, (pinned, buf));
+        Ok((obj?, weight, waited))
     }
 
-    fn contains(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
-        let buf = self.buffer()?;
-        Ok(buf.contains_key(&PyKey::from_py(key)?))
+    fn contains(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let k = PyKey::from_py(key)?;
+        self.with_buffer(py, |buf| buf.contains_key(&k))
     }
 
     /// Remove; `KeyError` if absent.
-    fn delete(&self, key: &Bound<'_, PyAny>) -> PyResult<()> {
-        let buf = self.buffer()?;
+    fn delete(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<()> {
         let k = PyKey::from_py(key)?;
+        let buf = self.buffer()?;
         if let Some(old) = self.known.lock().remove(&k) {
             self.weight_total.fetch_sub(old.weight as u64, Relaxed);
         }
-        let removed = buf.remove(&k);
+        // (The value may be dropped in the call, taking the GIL.)
+        let removed = py.allow_threads(|| {
+            let removed = buf.remove(&k);
+            drop(buf);
+            removed
+        });
         self.hooks.layouts.lock().remove(&k);
         if removed {
             Ok(())
@@ -248,12 +385,12 @@ impl Core {
 
     /// The live keys, as Python objects; nothing is read back.
     fn keys(&self, py: Python<'_>) -> PyResult<Vec<PyObject>> {
-        let buf = self.buffer()?;
-        buf.keys().iter().map(|k| k.to_py(py)).collect()
+        let keys = self.with_buffer(py, |buf| buf.keys())?;
+        keys.iter().map(|k| k.to_py(py)).collect()
     }
 
-    fn __len__(&self) -> PyResult<usize> {
-        Ok(self.buffer()?.len())
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with_buffer(py, |buf| buf.len())
     }
 
     /// Is `key`'s value held in memory (as far as the mapping knows)?
@@ -269,10 +406,9 @@ impl Core {
     /// Keys whose values are (`true`) or are not (`false`) in memory, as
     /// far as the mapping knows.
     fn keys_where_resident(&self, py: Python<'_>, resident: bool) -> PyResult<Vec<PyObject>> {
-        let buf = self.buffer()?;
+        let keys = self.with_buffer(py, |buf| buf.keys())?;
         let known = self.known.lock();
-        buf.keys()
-            .iter()
+        keys.iter()
             .filter(|k| known.get(k).is_some_and(|e| e.resident.strong_count() > 0) == resident)
             .map(|k| k.to_py(py))
             .collect()
@@ -292,59 +428,8 @@ impl Core {
     /// A write seen failing within the wait also returns -1, as the
     /// protocol asks.
     fn evict_one(&self, py: Python<'_>, cap: u64, wait_s: f64) -> PyResult<i64> {
-        let buf = self.buffer()?;
-        let landed = |s: &Stats| s.spill_count_total + s.spill_errors_total;
-        {
-            // (Not held across the wait below: another thread may hold the
-            // GIL and want this lock.)
-            let mut pending = self.manual_pending.lock();
-            if let Some(threshold) = *pending {
-                if landed(&buf.stats()) < threshold {
-                    return Ok(-1);
-                }
-                *pending = None;
-            }
-        }
-        let before = buf.stats();
-        if before.spilling_bytes >= cap {
-            return Ok(-1);
-        }
-        let w = buf.evict(1);
-        if w == 0 {
-            return Ok(-1);
-        }
-        // A clean eviction freed its memory at once; a dirty one queued a
-        // write. Writes land in queue order, so the next one landing is
-        // this one or one before it.
-        if buf.stats().clean_evictions_total == before.clean_evictions_total {
-            let threshold = landed(&before) + 1;
-            let wait = Duration::from_secs_f64(wait_s.max(0.0));
-            let done = py.allow_threads(|| {
-                let deadline = Instant::now() + wait;
-                loop {
-                    if landed(&buf.stats()) >= threshold {
-                        return true;
-                    }
-                    if Instant::now() >= deadline {
-                        return false;
-                    }
-                    std::thread::sleep(Duration::from_micros(50));
-                }
-            });
-            if !done {
-                // Still in flight: memory has not fallen yet. -1 ends the
-                // monitor's round here, before it concludes that evicting
-                // did not free memory (it would then run the garbage
-                // collector on the loop); it looks again at its next tick.
-                *self.manual_pending.lock() = Some(threshold);
-                return Ok(-1);
-            } else if buf.stats().spill_errors_total > before.spill_errors_total {
-                // It failed (the value stays in memory, the error is
-                // reported): tell the monitor, which then stops trying.
-                return Ok(-1);
-            }
-        }
-        Ok(w as i64)
+        self.with_buffer(py, |buf| self.evict_one_unlocked(buf, cap, wait_s))
+            .map(|w| w.unwrap_or(-1))
     }
 
     /// Values that failed to serialize since the last call, as
@@ -362,14 +447,12 @@ impl Core {
     }
 
     /// Read these keys back ahead of use, in order (within the target).
-    fn prefetch(&self, keys: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
-        let buf = self.buffer()?;
+    fn prefetch(&self, py: Python<'_>, keys: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
         let keys = keys
             .iter()
             .map(PyKey::from_py)
             .collect::<PyResult<Vec<_>>>()?;
-        buf.prefetch(keys);
-        Ok(())
+        self.with_buffer(py, move |buf| buf.prefetch(keys))
     }
 
     /// Read `keys` back if on disk (GIL released, joining reads in flight)
@@ -378,19 +461,18 @@ impl Core {
     /// inputs in memory. Keys absent, or whose read fails, are skipped
     /// (whoever reads them next gets the error).
     fn hold(&self, py: Python<'_>, keys: Vec<Bound<'_, PyAny>>) -> PyResult<Held> {
-        let buf = self.buffer()?;
         let keys = keys
             .iter()
             .map(PyKey::from_py)
             .collect::<PyResult<Vec<_>>>()?;
-        let pins: Vec<(PyKey, Pinned<PyValue>)> = py.allow_threads(|| {
+        let pins: Vec<(PyKey, Pinned<PyValue>)> = self.with_buffer(py, |buf| {
             keys.into_iter()
                 .filter_map(|k| match buf.get(&k) {
                     Ok(Some(p)) => Some((k, p)),
                     _ => None,
                 })
                 .collect()
-        });
+        })?;
         for (k, p) in &pins {
             self.mark_resident(k, p);
         }
@@ -401,34 +483,33 @@ impl Core {
 
     /// Is `key`'s value in memory now? (A memory hit, as a read's: it
     /// counts as a use.)
-    fn in_memory(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
-        let buf = self.buffer()?;
-        Ok(buf.try_pin(&PyKey::from_py(key)?).is_some())
+    fn in_memory(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let k = PyKey::from_py(key)?;
+        self.with_buffer(py, |buf| buf.try_pin(&k).is_some())
     }
 
     /// The host is done with `key` for now: if in memory, make it the first
     /// to be evicted (at no cost if it has a disk copy). Returns whether it
     /// was in memory.
-    fn consume(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
-        let buf = self.buffer()?;
-        match buf.try_pin(&PyKey::from_py(key)?) {
+    fn consume(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let k = PyKey::from_py(key)?;
+        self.with_buffer(py, |buf| match buf.try_pin(&k) {
             Some(p) => {
                 p.consume();
-                Ok(true)
+                true
             }
-            None => Ok(false),
-        }
+            None => false,
+        })
     }
 
-    fn set_target(&self, target: usize) -> PyResult<()> {
-        self.buffer()?.set_memory_target(target);
-        Ok(())
+    fn set_target(&self, py: Python<'_>, target: usize) -> PyResult<()> {
+        self.with_buffer(py, |buf| buf.set_memory_target(target))
     }
 
     /// Wait until all queued IO has finished (GIL released).
     fn flush(&self, py: Python<'_>) -> PyResult<()> {
-        let buf = self.buffer()?;
-        py.allow_threads(|| buf.flush_blocking()).map_err(to_py_err)
+        self.with_buffer(py, |buf| buf.flush_blocking())?
+            .map_err(to_py_err)
     }
 
     /// Counters and gauges, as a dict: every field of the Rust `Stats`
@@ -444,7 +525,7 @@ impl Core {
             };
         }
         put_all!(
-            self.buffer()?.stats(),
+            self.with_buffer(py, |buf| buf.stats())?,
             memory_bytes,
             memory_count,
             spilling_bytes,
@@ -497,8 +578,8 @@ impl Core {
     }
 
     /// The buffer's private spill directory.
-    fn spill_dirs(&self) -> PyResult<Vec<PathBuf>> {
-        Ok(self.buffer()?.spill_dirs())
+    fn spill_dirs(&self, py: Python<'_>) -> PyResult<Vec<PathBuf>> {
+        self.with_buffer(py, |buf| buf.spill_dirs())
     }
 
     /// Stop the IO pool and delete the spill files (GIL released while the
@@ -507,7 +588,7 @@ impl Core {
         let buf = self.buf.lock().take();
         self.known.lock().clear();
         self.hooks.layouts.lock().clear();
-        py.allow_threads(move || drop(buf));
+        release(py, buf);
     }
 
     fn closed(&self) -> bool {
@@ -526,12 +607,21 @@ impl Held {
     /// Unpin the values (idempotent; also done when this is collected).
     fn release(&self, py: Python<'_>) {
         let pins = std::mem::take(&mut *self.pins.lock());
-        // Unpinning may drop a value that takes the GIL in its drop.
-        py.allow_threads(move || drop(pins));
+        release(py, pins);
     }
 
     fn __len__(&self) -> usize {
         self.pins.lock().len()
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        // Collected by Python, with the GIL held: unpin without it.
+        let pins = std::mem::take(self.pins.get_mut());
+        if !pins.is_empty() {
+            Python::with_gil(|py| release(py, pins));
+        }
     }
 }
 
@@ -540,7 +630,7 @@ impl Drop for Core {
         // An IO thread may be waiting for the GIL (to serialize a value)
         // while the pool is shut down: release it while joining them.
         if let Some(buf) = self.buf.get_mut().take() {
-            Python::with_gil(|py| py.allow_threads(move || drop(buf)));
+            Python::with_gil(|py| release(py, buf));
         }
     }
 }

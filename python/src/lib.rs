@@ -3,7 +3,8 @@
 //! exposed as [`buffer::Core`]; [`record`] is what a value looks like on
 //! disk, [`pages`] the memory large records are read back into, and
 //! [`frames`] moves frames between Python and the buffer without a
-//! copy. The `MutableMapping` users see is in
+//! copy; [`wait`] runs the buffer's futures on a blocking call. The
+//! `MutableMapping` users see is in
 //! `spillbuffer/_mapping.py`.
 #![deny(missing_docs)]
 
@@ -13,6 +14,7 @@ mod key;
 mod pages;
 mod record;
 mod value;
+mod wait;
 
 use pyo3::prelude::*;
 

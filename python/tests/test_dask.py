@@ -42,6 +42,10 @@ async def worker_takes_the_factory(tmp_path):
                 # and its local directory.
                 worker_target = int((1 << 30) * dask.config.get("distributed.worker.memory.target"))
                 assert worker_target // 2 <= buf.target < worker_target
+                # Back-pressure from the managed share of halfway between
+                # the spill and pause fractions, above the target.
+                cfg = dask.config.get("distributed.worker.memory")
+                assert buf.target <= buf.limit < int((1 << 30) * (cfg["spill"] + cfg["pause"]) / 2)
                 assert buf.spill_directory.startswith(os.path.join(w.local_directory, "spillbuffer"))
                 async with Client(s.address, asynchronous=True) as c:
                     x = c.submit(np.arange, 10, key="x")

@@ -469,13 +469,14 @@ mod tests {
                 assert_eq!(&a.unwrap(), v, "{compression:?} {k}");
                 assert_eq!(&b.unwrap().0, v, "{compression:?} {k}");
             }
-            // The zeros were compressed: the lz4 record went through the
-            // in-place read first, then was decompressed.
+            // Zeros of 16 KiB are compressed (4 KiB ones are too small
+            // to be): the lz4 record went through the in-place read
+            // first, then was decompressed.
             if compression == Compression::Lz4 {
-                let loc = s.put(&9, &vec![0u8; 4096]).unwrap();
-                assert!(loc.len() < 4096, "zeros compress");
-                assert_eq!(s.get::<Vec<u8>>(&9, loc).unwrap(), vec![0u8; 4096]);
-                assert_eq!(s.get::<String>(&9, loc).unwrap(), "\0".repeat(4096));
+                let loc = s.put(&9, &vec![0u8; 16384]).unwrap();
+                assert!(loc.len() < 16384, "zeros compress");
+                assert_eq!(s.get::<Vec<u8>>(&9, loc).unwrap(), vec![0u8; 16384]);
+                assert_eq!(s.get::<String>(&9, loc).unwrap(), "\0".repeat(16384));
             }
         }
     }
@@ -484,8 +485,9 @@ mod tests {
     fn raw_and_lz4_records_read_back_in_any_order_on_one_thread() {
         let tmp = tempfile::tempdir().unwrap();
         let s = store(tmp.path(), Compression::Lz4);
-        let raw = noise(7, 3000);
-        let zeros = vec![0u8; 3000];
+        // (Over the size from which records are compressed.)
+        let raw = noise(7, 12_000);
+        let zeros = vec![0u8; 12_000];
         let a = s.put(&1, &raw).unwrap();
         let b = s.put(&2, &zeros).unwrap();
         assert!(b.len() < a.len(), "zeros compress, noise does not");

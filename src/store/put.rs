@@ -193,12 +193,12 @@ impl<K: Clone + Debug> Store<K> {
     /// Write a large value handed over in pieces ([`EncodedPieces`]): as
     /// [`Self::put_in_place`], from the value's own memory behind a header
     /// on the stack, the pieces written one after another. Gathered into
-    /// scratch only when lz4 may pay (a probe of the first bytes says so).
+    /// scratch only when lz4 may pay (samples of it say so).
     fn put_pieces(&self, key: &K, pieces: &EncodedPieces<'_>) -> Result<DiskLoc> {
         let raw_len = pieces.len() as u64;
         if self.compression() == Compression::Lz4 {
             let done = with_scratch(|sc| {
-                if !codec::might_pay(pieces.iter(), pieces.len(), &mut sc.a, &mut sc.b) {
+                if !codec::might_pay(|| pieces.iter(), pieces.len(), &mut sc.a, &mut sc.b) {
                     return None;
                 }
                 sc.a.clear();
