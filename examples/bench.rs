@@ -6,7 +6,7 @@
 //! cargo run --release --example bench -- [--workload all|metadata|hit|get|pin-once|insert|spill|unspill|unspill-pipelined|policy]
 //!     [--dir DIR] [--small BYTES] [--large BYTES] [--count-small N] [--count-large N]
 //!     [--target BYTES] [--threads 1,2] [--compression lz4|none] [--keys N] [--io-threads N]
-//!     [--hit-ops N] [--hit-keys N] [--hit-draws N] [--hit-warm N] [--hit-kept] [--hit-cells N] [--repeat R] [--window W]
+//!     [--hit-ops N] [--hit-keys N] [--hit-draws N] [--hit-warm N] [--repeat R] [--window W]
 //! ```
 //!
 //! Every figure is the median of `--repeat` runs; crate and raw runs
@@ -20,18 +20,14 @@
 //!
 //! In `hit` and `get`, each thread reads `--hit-draws` keys (4,096 unless
 //! told; a power of two) drawn at random from its own share of the
-//! `--hit-keys` resident ones, in turn, new draws in every repeat. The
-//! first two pins of a key take its shard's lock (at 1M keys, about a
-//! microsecond each) and give it its hit cell; each thread first makes
-//! `--hit-warm N` untimed passes over its draws (2 unless told), so that
-//! every timed call is a hit. Each repeat of each thread count (and of the
-//! own-buffers run) builds its buffers first, so that one thread and two
-//! start from the same state. With two threads or more, each repeat also
-//! times the threads on a buffer whose cells one other thread gave first,
-//! in random order (`interleaved_*`): their places then lie interleaved,
-//! as in a worker whose tasks pin keys that other tasks pinned first.
-//! `--hit-kept` runs every step on one buffer instead, which keeps the
-//! cells earlier steps and repeats gave (up to its budget of cells).
+//! `--hit-keys` resident ones, in turn, new draws in every repeat, after
+//! `--hit-warm N` untimed passes over its draws (2 unless told). Each
+//! repeat of each thread count builds a buffer for each placement of the
+//! keys: inserted by the thread that reads them (`own_*`), by one other
+//! thread in key order (`other_*`, the line's main figure), or by one
+//! other thread in random order, so that the threads' keys lie
+//! interleaved (`interleaved_*`). Beside each, the `HashMap` + `Arc`
+//! floor with its keys placed alike, and both scalings over one thread.
 //!
 //! `policy` (not part of `all`): `--hit-keys` values of `--small` bytes
 //! inserted once, then `--hit-ops` blocking `get`s in zipf(1) order and in
@@ -54,7 +50,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Barrier;
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 struct Opts {
@@ -78,12 +74,6 @@ struct Opts {
     /// first: with 2 or more, the timed calls are all hits (the first two
     /// pins of a key take its shard's lock).
     hit_warm: usize,
-    /// `Builder::hit_cells`; the crate's default if not given.
-    hit_cells: Option<usize>,
-    /// `hit` and `get` time every repeat of every thread count on buffers
-    /// built for it, rather than on one buffer that keeps the cells the
-    /// steps before gave.
-    hit_fresh: bool,
     repeat: usize,
     window: usize,
 }
@@ -92,7 +82,7 @@ fn usage() -> ! {
     eprintln!(
         "usage: bench [--workload all|metadata|hit|get|pin-once|insert|spill|unspill|unspill-pipelined|policy|policy-sweep] [--dir DIR] \
          [--small BYTES] [--large BYTES] [--count-small N] [--count-large N] [--target BYTES] \
-         [--threads 1,2] [--compression lz4|none] [--keys N] [--io-threads N] [--hit-ops N] [--hit-keys N] [--hit-draws N] [--hit-warm N] [--hit-kept] [--hit-cells N] [--repeat R] [--window W]"
+         [--threads 1,2] [--compression lz4|none] [--keys N] [--io-threads N] [--hit-ops N] [--hit-keys N] [--hit-draws N] [--hit-warm N] [--repeat R] [--window W]"
     );
     std::process::exit(2)
 }
@@ -114,8 +104,6 @@ fn parse() -> Opts {
         hit_keys: 10_000,
         hit_draws: common::HIT_DRAWS,
         hit_warm: 2,
-        hit_cells: None,
-        hit_fresh: true,
         repeat: 3,
         window: 4,
     };
@@ -152,9 +140,6 @@ fn parse() -> Opts {
             }
             "--hit-warm" => o.hit_warm = num(val()),
             // `--hit-fresh` was the flag when kept buffers were the default.
-            "--hit-fresh" => o.hit_fresh = true,
-            "--hit-kept" => o.hit_fresh = false,
-            "--hit-cells" => o.hit_cells = Some(num(val())),
             "--repeat" => o.repeat = num(val()).max(1),
             "--window" => o.window = num(val()).max(1),
             _ => usage(),
@@ -229,16 +214,12 @@ fn sync_disk() {
 type Buf = SpillBuffer<u64, Vec<f64>>;
 
 fn buffer(o: &Opts, target: usize) -> Buf {
-    let b = SpillBuffer::builder(&o.dir)
+    SpillBuffer::builder(&o.dir)
         .memory_target(target)
         .compression(o.compression)
-        .io_threads(o.io_threads);
-    match o.hit_cells {
-        Some(n) => b.hit_cells(n),
-        None => b,
-    }
-    .build()
-    .expect("build buffer")
+        .io_threads(o.io_threads)
+        .build()
+        .expect("build buffer")
 }
 
 /// A buffer holding `keys` in memory, each with its hit-path value.
@@ -314,8 +295,8 @@ fn metadata(o: &Opts) {
     let r2 = rss();
     let total = r2.saturating_sub(r0);
     let per_key = (total as f64 - payload as f64) / n as f64;
-    // Each key pinned twice: the next pins of a key take the hit path,
-    // whose cell and index entry it now has (at most `hit_cells` keys).
+    // Each key pinned twice (its hit pins were made when it was linked;
+    // this measures what pins leave behind, if anything).
     for i in 0..n as u64 {
         drop(b.try_pin(&i));
         drop(b.try_pin(&i));
@@ -345,182 +326,133 @@ fn metadata(o: &Opts) {
     drop(b);
 }
 
-/// `try_pin` (or `get`) of resident keys, each thread on its own keys.
+/// Where the keys of the `hit` workload were inserted from, and so where
+/// their memory lies.
+#[derive(Clone, Copy, PartialEq)]
+enum Placement {
+    /// Each thread inserted the keys it reads, on its own thread.
+    Own,
+    /// This thread inserted them all, in key order: each thread's keys lie
+    /// together.
+    Other,
+    /// This thread inserted them all, in random order: the threads' keys
+    /// lie interleaved.
+    Interleaved,
+}
+
+const PLACEMENTS: [(&str, Placement); 3] = [
+    ("own", Placement::Own),
+    ("other", Placement::Other),
+    ("interleaved", Placement::Interleaved),
+];
+
+/// The order this thread inserts the keys of `placement` in (none for
+/// `Own`: the threads insert theirs).
+fn insert_order(keys: u64, placement: Placement, rep: usize) -> Vec<u64> {
+    let mut order: Vec<u64> = match placement {
+        Placement::Own => return Vec::new(),
+        _ => (0..keys).collect(),
+    };
+    if placement == Placement::Interleaved {
+        order.shuffle(&mut StdRng::seed_from_u64(rep as u64 + 7));
+    }
+    order
+}
+
+/// `try_pin` (or `get`) of resident keys, each thread on its own keys, for
+/// each placement of the keys; beside each, the `HashMap` + `Arc` floor
+/// with its keys placed alike (own: a map per thread, made on that
+/// thread; other and interleaved: one map made on this thread, its values
+/// allocated in the same order as the buffer's).
 fn hit(o: &Opts, use_get: bool) {
     // Spread over all threads; each reads its own slice in random order.
     let keys = o.hit_keys.max(o.threads.iter().copied().max().unwrap_or(1)) as u64;
-    let shared = (!o.hit_fresh).then(|| resident(o, 0..keys));
     // Raw floor: a plain HashMap lookup and Arc clone, one thread.
     let raw_map = common::floor_map(0..keys);
     let name = if use_get { "get" } else { "try_pin" };
-    let mut one_thread = 0.0;
-    let mut one_thread_cpu = 0.0;
-    let mut one_thread_par = 0.0;
-    let mut one_thread_shared = 0.0;
+    // One thread's ops/s per placement: the buffer's and the floor's.
+    let mut one_thread = [(0.0, 0.0); 3];
     for &t in &o.threads {
         reset_peak();
-        let mut ops = Vec::new();
         let mut raws = Vec::new();
         let mut lat = Vec::new();
-        let mut cpu_per_op = Vec::new();
-        let mut pars = Vec::new();
-        let mut shareds = Vec::new();
-        let mut owns = Vec::new();
-        let mut own_cpu = Vec::new();
-        let mut inter = Vec::new();
-        let mut inter_cpu = Vec::new();
-        let own_bufs = || -> Vec<Buf> {
-            if t == 1 {
-                return Vec::new();
-            }
-            (0..t as u64)
-                .map(|ti| {
-                    let span = keys / t as u64;
-                    resident(o, ti * span..(ti + 1) * span)
-                })
-                .collect()
-        };
-        let mut own = if o.hit_fresh { Vec::new() } else { own_bufs() };
-        // Pins of the shared buffer that went through a shard's lock (a
-        // key's first pins, and keys without a hit cell), over every repeat.
-        let mut locked = 0;
-        let mut pins = 0;
+        let mut ops = [vec![], vec![], vec![]];
+        let mut cpu = [vec![], vec![], vec![]];
+        let mut floors = [vec![], vec![], vec![]];
         for rep in 0..o.repeat {
             let per_thread = o.hit_ops / 64 * 64;
-            pins += (per_thread + o.hit_warm * o.hit_draws) * t;
-            // Unless `--hit-kept`, buffers built for this repeat: no cell
-            // of an earlier step or repeat in them.
-            let fresh;
-            let b = match &shared {
-                Some(b) => b,
-                None => {
-                    fresh = resident(o, 0..keys);
-                    own = own_bufs();
-                    &fresh
+            for (pi, &(_, place)) in PLACEMENTS.iter().enumerate() {
+                let order = insert_order(keys, place, rep);
+                let b = buffer(o, usize::MAX / 2);
+                for &k in &order {
+                    b.insert(k, common::hit_value(k)).unwrap();
                 }
-            };
-            let locked_before = b.stats().locked_pins_total;
-            let results = hit_threads(&[b], keys, t, per_thread, o, rep, use_get);
-            locked += b.stats().locked_pins_total - locked_before;
-            let slowest = results.iter().map(|r| r.0).max().unwrap();
-            ops.push((per_thread * t) as f64 / slowest.as_secs_f64());
-            let cpu: u64 = results.iter().map(|r| r.2).sum();
-            cpu_per_op.push(cpu as f64 / (per_thread * t) as f64);
-            for (_, s, _) in results {
-                lat.extend(s);
+                let own = place == Placement::Own;
+                let results = hit_threads(&b, keys, t, per_thread, o, rep, use_get, own);
+                let slowest = results.iter().map(|r| r.0).max().unwrap();
+                ops[pi].push((per_thread * t) as f64 / slowest.as_secs_f64());
+                let c: u64 = results.iter().map(|r| r.2).sum();
+                cpu[pi].push(c as f64 / (per_thread * t) as f64);
+                if place == Placement::Other {
+                    for (_, s, _) in results {
+                        lat.extend(s);
+                    }
+                }
+                drop(b);
+                let run = common::FloorRun {
+                    keys,
+                    threads: t,
+                    iters: per_thread,
+                    draws: o.hit_draws,
+                    seed: rep as u64 * 100,
+                };
+                let floor = match place {
+                    Placement::Own => common::parallel_floor(run),
+                    Placement::Other => common::shared_floor(&raw_map, run),
+                    Placement::Interleaved => {
+                        let map = order
+                            .iter()
+                            .map(|&k| (k, Arc::new(common::hit_value(k))))
+                            .collect();
+                        common::shared_floor(&map, run)
+                    }
+                };
+                floors[pi].push((per_thread * t) as f64 / floor.as_secs_f64());
             }
-            // Raw floor in the same run.
+            // Raw floor, one thread, in the same run.
             let mut rng = StdRng::seed_from_u64(rep as u64);
             let order: Vec<u64> = (0..o.hit_draws).map(|_| rng.gen_range(0..keys)).collect();
             let start = Instant::now();
             common::floor_lookups(&raw_map, &order, per_thread);
             raws.push(per_thread as f64 / start.elapsed().as_secs_f64());
-            // The hardware's ceiling for `t` threads, as ops/s over all of
-            // them: its scaling is what the crate's can reach.
-            let run = common::FloorRun {
-                keys,
-                threads: t,
-                iters: per_thread,
-                draws: o.hit_draws,
-                seed: rep as u64 * 100,
-            };
-            let floor = common::parallel_floor(run);
-            pars.push((per_thread * t) as f64 / floor.as_secs_f64());
-            // The same with every thread on one map: what sharing one
-            // structure costs on this machine, nothing of the crate in it.
-            let shared = common::shared_floor(&raw_map, run);
-            shareds.push((per_thread * t) as f64 / shared.as_secs_f64());
-            // The crate's own ceiling: each thread its own buffer of its
-            // keys, so that nothing in the crate is shared.
-            if !own.is_empty() {
-                let bufs: Vec<&Buf> = own.iter().collect();
-                let res = hit_threads(&bufs, keys, t, per_thread, o, rep, use_get);
-                let slowest = res.iter().map(|r| r.0).max().unwrap();
-                owns.push((per_thread * t) as f64 / slowest.as_secs_f64());
-                let cpu: u64 = res.iter().map(|r| r.2).sum();
-                own_cpu.push(cpu as f64 / (per_thread * t) as f64);
-            }
-            // The same threads on a buffer whose cells this thread gave
-            // first, taking their keys in random order: their places lie
-            // interleaved, not each thread's together.
-            if o.hit_fresh && t > 1 {
-                let b = resident(o, 0..keys);
-                give_cells_interleaved(&b, keys, t, o, rep, use_get);
-                let res = hit_threads(&[&b], keys, t, per_thread, o, rep, use_get);
-                let slowest = res.iter().map(|r| r.0).max().unwrap();
-                inter.push((per_thread * t) as f64 / slowest.as_secs_f64());
-                let cpu: u64 = res.iter().map(|r| r.2).sum();
-                inter_cpu.push(cpu as f64 / (per_thread * t) as f64);
-            }
         }
-        let par = median(&mut pars);
-        let shared_floor = median(&mut shareds);
-        if t == 1 {
-            one_thread_par = par;
-            one_thread_shared = shared_floor;
-        }
-        let shared_scaling = scaling_of(shared_floor, one_thread_shared, t);
-        let par_scaling = scaling_of(par, one_thread_par, t);
-        let ops = median(&mut ops);
-        // Each repeat's, in order, before the median sorts them: a repeat
-        // runs on threads of its own.
-        let cpu_by_repeat: Vec<f64> = cpu_per_op
-            .iter()
-            .map(|c| (c * 10.0).round() / 10.0)
-            .collect();
-        let own_cpu_by_repeat: Vec<f64> =
-            own_cpu.iter().map(|c| (c * 10.0).round() / 10.0).collect();
-        let cpu_ns = median(&mut cpu_per_op);
-        if t == 1 {
-            one_thread = ops;
-            one_thread_cpu = cpu_ns;
-        }
-        // What `t` threads would reach with a core each: the CPU an op
-        // costs (contention shows up here), independent of other load.
-        let cpu_scaling = if cpu_ns > 0.0 && one_thread_cpu > 0.0 {
-            t as f64 * one_thread_cpu / cpu_ns
-        } else {
-            0.0
-        };
-        let scaling = scaling_of(ops, one_thread, t);
-        // With one thread the shared buffer is the thread's own.
-        let own_ops = if owns.is_empty() {
-            ops
-        } else {
-            median(&mut owns)
-        };
-        let own_cpu_ns = if own_cpu.is_empty() {
-            cpu_ns
-        } else {
-            median(&mut own_cpu)
-        };
-        let own_scaling = scaling_of(own_ops, one_thread, t);
         let mut extra = json!({
-            "scaling_vs_1_thread": (scaling * 1000.0).round() / 1000.0,
-            "cpu_ns_per_op": (cpu_ns * 10.0).round() / 10.0,
-            "cpu_ns_per_op_by_repeat": cpu_by_repeat,
-            "own_buffers_cpu_ns_per_op_by_repeat": own_cpu_by_repeat,
-            "cpu_scaling_vs_1_thread": (cpu_scaling * 1000.0).round() / 1000.0,
             "resident_keys": keys,
             "draws_per_thread": o.hit_draws,
             "warm_passes": o.hit_warm,
-            "fresh_buffers": o.hit_fresh,
-            "parallel_floor_ops_per_s": par.round(),
-            "parallel_floor_scaling_vs_1_thread": (par_scaling * 1000.0).round() / 1000.0,
-            "shared_floor_ops_per_s": shared_floor.round(),
-            "shared_floor_scaling_vs_1_thread": (shared_scaling * 1000.0).round() / 1000.0,
-            "own_buffers_ops_per_s": own_ops.round(),
-            "own_buffers_scaling_vs_1_thread": (own_scaling * 1000.0).round() / 1000.0,
-            "own_buffers_cpu_ns_per_op": (own_cpu_ns * 10.0).round() / 10.0,
-            "locked_pin_share": (locked as f64 / pins.max(1) as f64 * 1e5).round() / 1e5,
         });
-        if !inter.is_empty() {
-            let ops = median(&mut inter);
-            let s = scaling_of(ops, one_thread, t);
-            extra["interleaved_ops_per_s"] = json!(ops.round());
-            extra["interleaved_scaling_vs_1_thread"] = json!((s * 1000.0).round() / 1000.0);
-            let cpu = median(&mut inter_cpu);
-            extra["interleaved_cpu_ns_per_op"] = json!((cpu * 10.0).round() / 10.0);
+        let mut other_ops = 0.0;
+        for (pi, &(label, place)) in PLACEMENTS.iter().enumerate() {
+            let ops = median(&mut ops[pi]);
+            let floor = median(&mut floors[pi]);
+            if t == 1 {
+                one_thread[pi] = (ops, floor);
+            }
+            if place == Placement::Other {
+                other_ops = ops;
+            }
+            let scaling = scaling_of(ops, one_thread[pi].0, t);
+            let floor_scaling = scaling_of(floor, one_thread[pi].1, t);
+            let round3 = |x: f64| (x * 1000.0).round() / 1000.0;
+            extra[format!("{label}_ops_per_s")] = json!(ops.round());
+            extra[format!("{label}_ns_per_op")] = json!((1e9 / ops * 10.0).round() / 10.0);
+            extra[format!("{label}_cpu_ns_per_op")] =
+                json!((median(&mut cpu[pi]) * 10.0).round() / 10.0);
+            extra[format!("{label}_scaling_vs_1_thread")] = json!(round3(scaling));
+            extra[format!("{label}_floor_ops_per_s")] = json!(floor.round());
+            extra[format!("{label}_floor_scaling_vs_1_thread")] = json!(round3(floor_scaling));
+            extra[format!("{label}_scaling_vs_floor_scaling")] =
+                json!(round3(scaling / floor_scaling));
         }
         emit(
             o,
@@ -529,8 +461,8 @@ fn hit(o: &Opts, use_get: bool) {
                 value_bytes: 64,
                 count: o.hit_ops,
                 threads: t,
-                bytes_per_s: ops * 64.0,
-                ops_per_s: ops,
+                bytes_per_s: other_ops * 64.0,
+                ops_per_s: other_ops,
                 lat: percentiles(lat),
                 raw_name: "HashMap get + Arc clone, 1 thread (ops/s)",
                 raw: median(&mut raws),
@@ -540,43 +472,34 @@ fn hit(o: &Opts, use_get: bool) {
     }
 }
 
-/// Give the cells of the keys the `t` threads of repeat `rep` will read,
-/// from this thread, in one random order of all their draws: two pins of
-/// each (the second's release gives the cell), as `try_pin` (or `get`).
-fn give_cells_interleaved(b: &Buf, keys: u64, t: usize, o: &Opts, rep: usize, use_get: bool) {
-    let mut all: Vec<u64> = (0..t)
-        .flat_map(|ti| common::own_keys(keys, ti, t, o.hit_draws, rep as u64 * 100))
-        .collect();
-    all.shuffle(&mut StdRng::seed_from_u64(rep as u64 + 7));
-    for k in all.iter().chain(&all) {
-        if use_get {
-            std::hint::black_box(b.get(k).unwrap());
-        } else {
-            std::hint::black_box(b.try_pin(k));
-        }
-    }
-}
-
-/// `t` threads calling `try_pin` (or `get`) on their own keys, thread
-/// `ti` in `bufs[ti % bufs.len()]`: per thread, its time, its latency
-/// samples (mean of each batch of 64 calls) and its CPU time.
+/// `t` threads calling `try_pin` (or `get`) on their own keys in `b`,
+/// each first inserting its share of the keys if `insert_own`: per
+/// thread, its time, its latency samples (mean of each batch of 64 calls)
+/// and its CPU time.
+#[expect(clippy::too_many_arguments, reason = "one call site per workload")]
 fn hit_threads(
-    bufs: &[&Buf],
+    b: &Buf,
     keys: u64,
     t: usize,
     per_thread: usize,
     o: &Opts,
     rep: usize,
     use_get: bool,
+    insert_own: bool,
 ) -> Vec<(Duration, Vec<u64>, u64)> {
     let draws = o.hit_draws;
     let barrier = Barrier::new(t);
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..t)
             .map(|ti| {
-                let b = bufs[ti % bufs.len()];
                 let barrier = &barrier;
                 s.spawn(move || {
+                    if insert_own {
+                        let span = keys / t as u64;
+                        for k in ti as u64 * span..(ti as u64 + 1) * span {
+                            b.insert(k, common::hit_value(k)).unwrap();
+                        }
+                    }
                     // Disjoint key ranges per thread.
                     let order = common::own_keys(keys, ti, t, draws, rep as u64 * 100);
                     let mut samples = Vec::with_capacity(per_thread / 64);
@@ -613,7 +536,7 @@ fn hit_threads(
 
 /// Each of `--hit-keys` resident keys pinned once, in random order: what
 /// a worker pays when every input is a first pin (each goes through its
-/// shard's lock; with more keys than `hit_cells`, the cells are full).
+/// shard's read lock).
 /// Each run a fresh buffer; the floor is a `HashMap::get` + `Arc` clone
 /// of the same keys in the same order.
 fn pin_once(o: &Opts) {

@@ -30,7 +30,6 @@ pub(crate) struct Config {
     pub segment_size: u64,
     pub compact_below: f64,
     pub shards: usize,
-    pub hit_cells: usize,
     pub storage: Arc<dyn Storage>,
     pub name: Option<String>,
     pub metrics_interval: Duration,
@@ -49,7 +48,6 @@ impl<K, V> Debug for Builder<K, V> {
             .field("segment_size", &c.segment_size)
             .field("compact_below", &c.compact_below)
             .field("shards", &c.shards)
-            .field("hit_cells", &c.hit_cells)
             .field("name", &c.name)
             .field("metrics_interval", &c.metrics_interval)
             .finish_non_exhaustive()
@@ -68,7 +66,6 @@ impl<K, V> Builder<K, V> {
             segment_size: 64 << 20,
             compact_below: 0.7,
             shards: 16,
-            hit_cells: 16 << 10,
             storage: Arc::new(FsStorage),
             name: None,
             metrics_interval: Duration::from_secs(1),
@@ -145,43 +142,13 @@ impl<K, V> Builder<K, V> {
         self
     }
 
-    /// Number of index shards (independent locks). Each shard takes about
-    /// 2 KiB before it holds a key: its lock, the heads of its LRU chains
-    /// and the owners its pins hold, each on cache lines of its own so
+    /// Number of index shards (independent locks). Each shard takes a few
+    /// hundred bytes before it holds a key: its lock, its table and the
+    /// heads of its LRU lists, on cache lines of its own so
     /// that threads working on different keys do not write the same line.
     /// Defaults to: 16.
     pub fn shards(mut self, n: usize) -> Self {
         self.cfg.shards = n;
-        self
-    }
-
-    /// How many keys at most keep a *hit cell*: what lets a pin of a key
-    /// in memory take no lock and write nothing shared (the hit path of
-    /// [`SpillBuffer::try_pin`](crate::SpillBuffer::try_pin), `pin` and
-    /// `get`). A key gets one when it is unpinned for the second time
-    /// (a key pinned once is cheaper without one), and keeps it while its
-    /// value stays in memory; beyond this many, the keys not pinned for
-    /// longest give theirs up, and their pins take the shard's lock
-    /// (about three times slower) until they get one again: once this
-    /// many keys have a cell, a key unpinned without one takes the cell
-    /// of a key idle for longer than its own last two pins were apart
-    /// (and for at least this many uses), so a new set of keys in use
-    /// takes over the cells of keys no longer used; otherwise one in 16
-    /// such keys gets a cell, drawn at random, so that keys pinned in
-    /// turn, more of them than the cells, keep theirs for many rounds. Each cell
-    /// costs about 160 bytes (its place in the index, with the key, and
-    /// the place's share of the index's table), so the default bounds
-    /// them at about 2.5 MiB whatever the number of keys (places are
-    /// kept for the next keys rather than freed, so the index holds the
-    /// most cells it ever had at once until the buffer goes, and up to
-    /// 320 spare places per shard, about 40 KiB, that keep each thread's
-    /// cells together and apart from other threads');
-    /// raise it if more keys than this are pinned over and over (the
-    /// pins of those without a cell take the lock). Lower it (to 0: no
-    /// cells, every pin takes the lock) to save that memory.
-    /// Split evenly over the shards. Defaults to: 16,384.
-    pub fn hit_cells(mut self, n: usize) -> Self {
-        self.cfg.hit_cells = n;
         self
     }
 

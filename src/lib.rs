@@ -49,6 +49,7 @@
 //! The repository's `docs/` directory has a page per topic: how the buffer
 //! works, every setting and when to change it, what happens on failures,
 //! what each [`Stats`] field means, and benchmarks to run on your own disk.
+#![forbid(unsafe_code)]
 #![deny(missing_docs)]
 #![warn(rust_2018_idioms)]
 

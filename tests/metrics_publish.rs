@@ -232,16 +232,10 @@ fn expected(st: &Stats) -> Vec<(&'static str, Option<&'static str>, f64)> {
             None,
             st.compacted_count_total as f64,
         ),
-        ("spillbuffer_hit_cells", None, st.hit_cells as f64),
         (
             "spillbuffer_locked_pins_total",
             None,
             st.locked_pins_total as f64,
-        ),
-        (
-            "spillbuffer_hit_cells_retired_total",
-            None,
-            st.hit_cells_retired_total as f64,
         ),
         (
             "spillbuffer_spill_seconds_total",

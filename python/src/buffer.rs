@@ -553,9 +553,7 @@ impl Core {
             records_received_total,
             records_received_bytes_total,
             io_busy_seconds_total,
-            hit_cells,
             locked_pins_total,
-            hit_cells_retired_total,
         );
         d.set_item("weight_total", self.weight_total.load(Relaxed))?;
         d.set_item(

@@ -290,11 +290,9 @@ def test_stats_carry_every_counter_of_the_rust_buffer(make):
         "deserialize_seconds_total",
     ):
         assert name in s, name
-    # A key read over and over takes a hit cell after its first pins,
-    # which went through the shard's lock.
-    assert s["hit_cells"] == 1
-    assert s["locked_pins_total"] >= 1
-    assert s["hit_cells_retired_total"] == 0
+    # A key in memory is read under its shard's read lock: the four reads
+    # did not all take the write lock.
+    assert s["locked_pins_total"] < 4
     assert s["memory_count"] == 1
 
 

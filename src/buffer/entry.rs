@@ -9,6 +9,7 @@
 //! leave the entry are handed back to the caller, who lets go of them
 //! after unlocking.
 
+use crate::buffer::hit::HitPins;
 use crate::buffer::pinned::Waiter;
 use crate::store::compact::Relocated;
 use crate::store::DiskLoc;
@@ -224,12 +225,6 @@ const CONSUMED: u8 = 1;
 /// Its encode failed: resident-dirty but on no list, so eviction does not
 /// try it again until the host asks (`retry_spill`) or replaces it.
 const SET_ASIDE: u8 = 2;
-/// It has a hit cell in the buffer's index (`buffer::cell`), which the
-/// shard opens and closes as the entry goes on and off its list.
-const CELLED: u8 = 4;
-/// Pinned and released through its shard before (since it was inserted):
-/// the next such release may give it a hit cell (`shard::cells`).
-const PINNED_BEFORE: u8 = 8;
 
 /// The two eviction lists: entries with a valid disk copy (dropping them
 /// costs no IO) and entries without one.
@@ -250,16 +245,19 @@ pub(crate) struct Node<K, V> {
     /// Unique per insert across the buffer; IO results and pins carry it so
     /// that they never act on a newer value of the same key.
     pub version: u64,
+    /// Pins the shard counts: taken under the write lock, plus one for a
+    /// lease of `hits` (see [`crate::buffer::hit`]).
     pins: u32,
-    /// [`CONSUMED`], [`SET_ASIDE`], [`CELLED`], [`PINNED_BEFORE`]: one
-    /// byte, so that the node stays 88 bytes.
+    /// [`CONSUMED`], [`SET_ASIDE`]: one byte, so that the node stays 96
+    /// bytes.
     flags: u8,
+    /// Pins taken under the read lock and the last use: present while the
+    /// value is in memory and the entry was on a list since.
+    pub(super) hits: Option<Arc<HitPins<V>>>,
     pub(super) tick: u64,
     pub(super) prev: u32,
     pub(super) next: u32,
     pub(super) list: Option<ListKind>,
-    /// The chain of the list it is on.
-    pub(super) way: u8,
 }
 
 /// What the last unpin of an entry asks for.
@@ -349,7 +347,7 @@ impl<K, V> Node<K, V> {
             prev: NIL,
             next: NIL,
             list: None,
-            way: 0,
+            hits: None,
         }
     }
 
@@ -369,31 +367,14 @@ impl<K, V> Node<K, V> {
         self.flags & SET_ASIDE != 0
     }
 
-    /// Whether it has a hit cell.
-    pub(crate) fn celled(&self) -> bool {
-        self.flags & CELLED != 0
-    }
-
-    pub(crate) fn set_celled(&mut self, celled: bool) {
-        self.set_flag(CELLED, celled);
-    }
-
-    /// Marks it pinned and released through its shard; whether it was
-    /// before.
-    pub(crate) fn mark_pinned(&mut self) -> bool {
-        let before = self.flags & PINNED_BEFORE != 0;
-        self.set_flag(PINNED_BEFORE, true);
-        before
-    }
-
-    /// A hit through its cell used it after it was consumed: no longer
+    /// A pin under the read lock used it after it was consumed: no longer
     /// first in line.
     pub(crate) fn used_again(&mut self) {
         self.set_flag(CONSUMED, false);
     }
 
-    /// Consumed by a holder of a cell pin, while other pins remain: the
-    /// last of them puts it first in line.
+    /// Consumed by a holder of a pin taken under the read lock, while other
+    /// pins remain: the last of them puts it first in line.
     pub(crate) fn mark_consumed(&mut self) {
         self.set_flag(CONSUMED, true);
     }

@@ -140,7 +140,8 @@ impl<K: Key, V: Spill> Inner<K, V> {
         let _one = self.evicting.lock();
         let mut moved = 0;
         loop {
-            let held = self.g.resident.load(Relaxed).saturating_sub(self.pinned())
+            let pinned = self.pinned() + self.hit_pinned();
+            let held = self.g.resident.load(Relaxed).saturating_sub(pinned)
                 + self.g.reserved.load(Relaxed);
             if held + w <= target {
                 return true;
@@ -191,7 +192,14 @@ impl<K: Key, V: Spill> Inner<K, V> {
             // "Now" (a read of every shard's clock) only when both lists
             // have a candidate.
             let now = || self.now();
-            let kind = choose(clean.map(|c| c.0), dirty.map(|d| d.0), now, writes)?;
+            let Some(kind) = choose(clean.map(|c| c.0), dirty.map(|d| d.0), now, writes) else {
+                // Writes held back: a dirty tail pinned or used under a
+                // read lock is still leased or moved up, so that what is
+                // over the target is not overstated by pins.
+                let (_, s) = dirty?;
+                let settled = self.with_shard(s, |shard| shard.settle_tail(ListKind::Dirty));
+                return settled.then_some(0);
+            };
             let (tick, s) = match kind {
                 ListKind::Clean => clean?,
                 ListKind::Dirty => dirty?,

@@ -6,20 +6,18 @@
 //! `impl Inner` blocks.
 //!
 //! Lock order (docs/design.md): at most two locks are held at once — a
-//! shard's, then the prefetch admission lock or the hit index's (which
-//! only its writers take, when its table grows) inside it; the store's,
+//! shard's (in write mode), then the prefetch admission lock inside it;
+//! a hit holds a shard's in read mode alone; the store's,
 //! the spill queue's and the memory waiters' are taken alone. Encoding, IO,
 //! dropping values and waking waiters happen after every lock is released.
 
-use super::cell::{HitCell, HitIndex, Released};
 use super::entry::{Delta, ListKind, Node};
 use super::failure::Failures;
 use super::hash::{shard_of, KeyHash};
+use super::hit::{HitContext, HitPins};
 use super::memory::{Gauges, MemoryWaiters};
 use super::pinned::{PinAt, PinOwner, PinResult, Pinned};
-use super::shard::{After, Cells, Shard, Wake};
-use super::tick::Ticks;
-use super::way::{self, WAYS};
+use super::shard::{After, Shard, Wake};
 use super::write::SpillJob;
 use super::{evict::Backoff, Key};
 use crate::config::Config;
@@ -29,7 +27,7 @@ use crate::metrics::spans::JobSpan;
 use crate::metrics::{Metrics, Stats, Telemetry};
 use crate::store::{DiskLoc, Store};
 use crate::value::Spill;
-use parking_lot::{Mutex, ReentrantMutex};
+use parking_lot::{Mutex, ReentrantMutex, RwLock};
 use std::borrow::Borrow;
 use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -37,8 +35,7 @@ use std::sync::{Arc, Weak};
 
 /// One shard behind its lock, with the ticks of its two list tails
 /// published for lock-free victim selection. Aligned to keep shards on
-/// separate cache lines; `repr(C)` with the lock word last, so that it
-/// shares one line with the fields a pin or its release writes.
+/// separate cache lines.
 #[repr(C, align(128))]
 pub(crate) struct LockedShard<K, V> {
     pub tails: [AtomicU64; 2],
@@ -49,7 +46,9 @@ pub(crate) struct LockedShard<K, V> {
     /// lock (a load and a store, no read-modify-write), on the shard's own
     /// cache line: pins of keys in different shards never contend on it.
     pub pinned: AtomicUsize,
-    pub core: Mutex<Shard<K, V>>,
+    /// Read mode for a pin of a listed entry ([`Shard::hit`]), write mode
+    /// for everything else.
+    pub core: RwLock<Shard<K, V>>,
 }
 
 /// A value alone on its cache lines (two, against adjacent-line
@@ -76,10 +75,8 @@ pub(crate) struct Inner<K, V> {
     pub target: AtomicUsize,
     pub limit: AtomicUsize,
     pub limit_follows_target: bool,
-    ticks: Arc<Ticks>,
-    /// The hit cells of entries pinned before, read without a lock by the
-    /// hit path (`buffer::cell`).
-    pub hits: Arc<HitIndex<K, V>>,
+    /// The clock and the owner every entry's hit pins share.
+    ctx: Arc<HitContext<V>>,
     pub next_version: AtomicU64,
     pub g: Padded<Gauges>,
     pub store: Store<K>,
@@ -113,22 +110,13 @@ pub(crate) const HEAVY_DROP: usize = 1 << 20;
 impl<K: Key, V: Spill> Inner<K, V> {
     pub(crate) fn new(cfg: &Config, store: Store<K>, pool: Pool) -> Arc<Self> {
         let hasher = KeyHash::new();
-        let ticks = Arc::new(Ticks::new());
         Arc::new_cyclic(|me: &Weak<Inner<K, V>>| {
             let owner = me.clone() as Weak<dyn PinOwner<V>>;
-            let hits = Arc::new(HitIndex::new(hasher, cfg.shards, owner, Arc::clone(&ticks)));
+            let ctx = Arc::new(HitContext::new(owner, cfg.shards));
             Inner {
                 shards: (0..cfg.shards)
                     .map(|s| LockedShard {
-                        core: Mutex::new(Shard::new_in(
-                            hasher,
-                            Cells {
-                                index: Arc::clone(&hits),
-                                shard: s as u32,
-                                budget: cfg.hit_cells.div_ceil(cfg.shards),
-                                total: cfg.hit_cells as u64,
-                            },
-                        )),
+                        core: RwLock::new(Shard::new_in(hasher, Arc::clone(&ctx), s as u32)),
                         tails: [AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX)],
                         clock: AtomicU64::new(0),
                         pinned: AtomicUsize::new(0),
@@ -138,8 +126,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
                 target: AtomicUsize::new(cfg.memory_target),
                 limit: AtomicUsize::new(cfg.memory_limit.unwrap_or(cfg.memory_target)),
                 limit_follows_target: cfg.memory_limit.is_none(),
-                ticks,
-                hits,
+                ctx,
                 next_version: AtomicU64::new(1),
                 g: Padded(Gauges::default()),
                 store,
@@ -172,7 +159,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
     /// took theirs first could link in the other order.
     fn next_tick(&self, s: usize) -> u64 {
         let clock = &self.shards[s].clock;
-        let t = self.ticks.next(clock.load(Relaxed));
+        let t = self.ctx.ticks.next(clock.load(Relaxed));
         clock.store(t, Relaxed);
         t
     }
@@ -181,6 +168,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
     /// taken before the job (see [`Ticks::next_synced`]).
     pub(crate) fn next_tick_synced(&self, s: usize) -> u64 {
         let t = self
+            .ctx
             .ticks
             .next_synced(self.shards.iter().map(|sh| sh.clock.load(Relaxed)));
         self.shards[s].clock.store(t, Relaxed);
@@ -194,15 +182,27 @@ impl<K: Key, V: Spill> Inner<K, V> {
     /// to [`SLACK`](super::tick::SLACK) ticks ahead.
     pub(crate) fn now(&self) -> u64 {
         let floor = self.shards.iter().map(|sh| sh.clock.load(Relaxed)).max();
-        self.ticks.now(floor.unwrap_or(0))
+        self.ctx.ticks.now(floor.unwrap_or(0))
     }
 
     /// [`Inner::now`], published: a read queued after this lands after
     /// every use the calling thread made before.
     pub(crate) fn now_published(&self) -> u64 {
         let now = self.now();
-        self.ticks.publish(now);
+        self.ctx.ticks.publish(now);
         now
+    }
+
+    /// Weight of values pinned under a shard's read lock and not leased
+    /// (see [`crate::buffer::hit`]): pinned, though not in
+    /// [`Inner::pinned`].
+    pub(crate) fn hit_pinned(&self) -> usize {
+        self.ctx.pinned()
+    }
+
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn hit_context(&self) -> &HitContext<V> {
+        &self.ctx
     }
 
     pub(crate) fn target(&self) -> usize {
@@ -214,7 +214,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
     /// if they moved.
     pub(crate) fn with_shard<R>(&self, s: usize, f: impl FnOnce(&mut Shard<K, V>) -> R) -> R {
         let locked = &self.shards[s];
-        let mut shard = locked.core.lock();
+        let mut shard = locked.core.write();
         let r = f(&mut shard);
         let delta = shard.take_delta();
         self.g.apply(delta, &locked.pinned);
@@ -255,7 +255,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
                 value,
             }) => {
                 for w in waiters {
-                    let pin = self.pin_handle(s, slot, version, Arc::clone(&value), None);
+                    let pin = self.pin_handle(s, slot, version, Arc::clone(&value));
                     w.send(Ok(Some(pin)));
                 }
             }
@@ -278,40 +278,15 @@ impl<K: Key, V: Spill> Inner<K, V> {
         self.me.upgrade().expect("inner is alive while used")
     }
 
-    /// [`WAYS`] [`ShardOwner`]s per shard, for the handles to give their
-    /// pins: a thread's pins of shard `s` hold owner
-    /// `s * WAYS + way::this_thread()`.
-    pub(crate) fn shard_owners(self: &Arc<Self>) -> Box<[Arc<dyn PinOwner<V>>]> {
-        (0..self.shards.len() * WAYS)
-            .map(|_| -> Arc<dyn PinOwner<V>> {
-                Arc::new(ShardOwner {
-                    inner: Arc::clone(self),
-                })
-            })
-            .collect()
-    }
-
     /// A guard for a pin of slot `idx` of shard `s` already counted on its
-    /// entry. Pins made for a handle hold that shard's owner; those made on
-    /// the IO pool (rare: a read that lands) hold the buffer itself.
-    pub(crate) fn pin_handle(
-        &self,
-        s: usize,
-        idx: u32,
-        version: u64,
-        value: Arc<V>,
-        owners: Option<&[Arc<dyn PinOwner<V>>]>,
-    ) -> Pinned<V> {
-        let owner = match owners.and_then(|o| o.get(s * WAYS + way::this_thread())) {
-            Some(o) => Arc::clone(o),
-            None => self.owner(),
-        };
+    /// entry.
+    pub(crate) fn pin_handle(&self, s: usize, idx: u32, version: u64, value: Arc<V>) -> Pinned<V> {
         let at = PinAt {
             shard: s as u32,
             slot: idx,
             version,
         };
-        Pinned::new(value, owner, at)
+        Pinned::new(value, self.owner(), at)
     }
 
     /// Queue `f` on the pool with a strong handle on `self`.
@@ -484,10 +459,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
         };
         self.metrics.fill(&mut st);
         for shard in self.shards.iter() {
-            let (cells, retired, locked) = shard.core.lock().hit_counts();
-            st.hit_cells += cells;
-            st.hit_cells_retired_total += retired;
-            st.locked_pins_total += locked;
+            st.locked_pins_total += shard.core.read().locked_pins();
         }
         st
     }
@@ -516,25 +488,21 @@ impl<K: Key, V: Spill> Inner<K, V> {
         }
     }
 
-    /// A cell pin's release that needs the shard: the end of `cell`'s
+    /// A release of a pin of `hits` that needs the shard: the end of its
     /// lease (its last pin released already), or a consume (`consume`:
-    /// the release happens here). Returns the release.
-    fn release_cell(&self, cell: &HitCell<V>, consume: bool) -> Released {
+    /// the release happens here).
+    fn release_hit(&self, hits: &HitPins<V>, consume: bool) {
         let target = self.target();
-        let s = cell.at().shard as usize;
-        let (released, freed) = self.with_shard(s, |shard| {
+        let s = hits.at().shard as usize;
+        let freed = self.with_shard(s, |shard| {
             let tick = || self.next_tick(s);
             if consume {
-                shard.consume_cell(cell, target, tick)
+                shard.consume_hit(hits, target, tick)
             } else {
-                (
-                    Released::EndLease,
-                    shard.lease_ended(cell, false, target, tick),
-                )
+                shard.lease_ended(hits, false, target, tick)
             }
         });
         self.after_unpin(freed);
-        released
     }
 }
 
@@ -555,12 +523,12 @@ impl<K: Key, V: Spill> PinOwner<V> for Inner<K, V> {
         self.after_unpin(freed);
     }
 
-    fn end_lease(&self, cell: &HitCell<V>) {
-        self.release_cell(cell, false);
+    fn end_lease(&self, hits: &HitPins<V>) {
+        self.release_hit(hits, false);
     }
 
-    fn consume_cell(&self, cell: &HitCell<V>) -> Released {
-        self.release_cell(cell, true)
+    fn consume_hit(&self, hits: &HitPins<V>) {
+        self.release_hit(hits, true);
     }
 }
 
@@ -595,39 +563,6 @@ impl<K: Key, V: Spill> Drop for Freeing<K, V> {
     }
 }
 
-/// The buffer as the pins of one shard hold it. Each shard has its own, one
-/// per [`WAYS`] (owned by the [`super::SpillBuffer`] handles), so that a pin
-/// and its release update a reference count that only pins of the same
-/// shard, by threads of the same way, share: with one `Arc<Inner>` cloned
-/// and dropped by every pin, two threads pinning different keys wrote the
-/// same cache line each time.
-///
-/// Aligned so that each count sits on a cache line of its own. A guard
-/// keeps the buffer alive through its owner, even after the last handle
-/// is gone.
-#[repr(align(128))]
-pub(crate) struct ShardOwner<K, V> {
-    inner: Arc<Inner<K, V>>,
-}
-
-impl<K: Key, V: Spill> PinOwner<V> for ShardOwner<K, V> {
-    fn repin(&self, at: PinAt) {
-        self.inner.repin(at);
-    }
-
-    fn unpin(&self, at: PinAt, consume: bool, value: Arc<V>) {
-        self.inner.unpin(at, consume, value);
-    }
-
-    fn end_lease(&self, cell: &HitCell<V>) {
-        self.inner.end_lease(cell);
-    }
-
-    fn consume_cell(&self, cell: &HitCell<V>) -> Released {
-        self.inner.consume_cell(cell)
-    }
-}
-
 /// Outcome of waiting on a read whose sender went away.
 pub(crate) fn closed<V>() -> PinResult<V> {
     Err(Error::Closed)
@@ -635,23 +570,12 @@ pub(crate) fn closed<V>() -> PinResult<V> {
 
 #[cfg(test)]
 mod tests {
-    use super::{LockedShard, ShardOwner, WAYS};
-    use std::alloc::Layout;
+    use super::LockedShard;
 
-    /// `Builder::shards` documents about 2 KiB per shard before any key:
-    /// the shard, its chain heads and its pins' owners (each owner an
-    /// `Arc` allocation: two counts, then the owner at its alignment).
+    /// `Builder::shards` documents about 2 KiB per shard before any key.
     #[test]
-    fn a_shard_costs_about_2_kib() {
-        let owner = Layout::new::<[usize; 2]>()
-            .extend(Layout::new::<ShardOwner<u64, Vec<f64>>>())
-            .unwrap()
-            .0
-            .pad_to_align()
-            .size();
-        let shard = std::mem::size_of::<LockedShard<u64, Vec<f64>>>()
-            + super::super::lru::CHAIN_HEADS_BYTES
-            + WAYS * owner;
+    fn a_shard_costs_under_2_kib() {
+        let shard = std::mem::size_of::<LockedShard<u64, Vec<f64>>>();
         assert!(shard <= 2048, "{shard} bytes per shard");
     }
 }

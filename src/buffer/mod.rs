@@ -11,15 +11,16 @@
 //! - [`failure`]: spill failures by cause, the last one, and when
 //!   `insert_async` refuses a value;
 //! - [`transfer`]: records handed out and taken in without decoding;
-//! - [`pinned`]: the [`Pinned`] guard; [`tick`], [`way`], [`hash`]: LRU
-//!   clocks, per-thread ways, key hashing.
+//! - [`pinned`]: the [`Pinned`] guard; [`hit`]: the pins a lookup takes
+//!   under a shard's read lock; [`tick`], [`hash`]: the LRU clock, key
+//!   hashing.
 
-pub(crate) mod cell;
 pub(crate) mod entry;
 pub(crate) mod evict;
 pub(crate) mod failure;
 pub(crate) mod handoff;
 pub(crate) mod hash;
+pub(crate) mod hit;
 pub(crate) mod inner;
 pub(crate) mod lru;
 pub(crate) mod memory;
@@ -32,7 +33,6 @@ pub(crate) mod tick;
 mod transfer;
 #[cfg(any(test, feature = "testing"))]
 mod validate;
-pub(crate) mod way;
 pub(crate) mod write;
 
 use crate::config::Builder;
@@ -45,7 +45,7 @@ use crate::value::Spill;
 use inner::Inner;
 use parking_lot::Mutex;
 pub use pinned::Pinned;
-use pinned::{PinOwner, Waiter};
+use pinned::Waiter;
 use read::Lookup;
 use std::borrow::Borrow;
 use std::fmt::{self, Debug};
@@ -80,8 +80,6 @@ impl<K, V> Clone for SpillBuffer<K, V> {
 /// marks the moment the last handle goes.
 struct Handle<K, V> {
     inner: Arc<Inner<K, V>>,
-    /// What the pins of each shard hold (see [`inner::ShardOwner`]).
-    owners: Box<[Arc<dyn PinOwner<V>>]>,
     dirs: Mutex<Option<SpillDirs>>,
 }
 
@@ -145,7 +143,6 @@ impl<K: Key, V: Spill> Builder<K, V> {
         }
         Ok(SpillBuffer {
             handle: Arc::new(Handle {
-                owners: inner.shard_owners(),
                 inner,
                 dirs: Mutex::new(Some(dirs)),
             }),
@@ -169,7 +166,7 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.inner().lookup(key, waiter, &self.handle.owners)
+        self.inner().lookup(key, waiter)
     }
 
     /// Insert `value` under `key`, replacing any old value in either tier.

@@ -1,7 +1,7 @@
 //! [`Pinned`]: an RAII guard on a value that keeps its entry from being
 //! evicted until the last guard for it is dropped or consumed.
 
-use crate::buffer::cell::{CellPin, HitCell, Released};
+use crate::buffer::hit::{HitPins, Released};
 use crate::error::Result;
 use std::fmt;
 use std::ops::Deref;
@@ -26,13 +26,13 @@ pub(crate) trait PinOwner<V>: Send + Sync {
     /// the last one, a heavy value is freed on the IO pool rather than on
     /// the caller's thread.
     fn unpin(&self, at: PinAt, consume: bool, value: Arc<V>);
-    /// The last cell pin of a lease was released: give the lease back
-    /// (see [`crate::buffer::cell`]).
-    fn end_lease(&self, cell: &HitCell<V>);
-    /// Release one cell pin of `cell`, consuming: the entry goes first in
+    /// The last pin of a lease of `pins` was released: give the lease
+    /// back (see [`crate::buffer::hit`]).
+    fn end_lease(&self, pins: &HitPins<V>);
+    /// Release one pin of `pins`, consuming: the entry goes first in
     /// line, as [`PinOwner::unpin`] with `consume` does. Returns whether
-    /// that release ended a lease (given back already).
-    fn consume_cell(&self, cell: &HitCell<V>) -> Released;
+    /// that release ended a lease.
+    fn consume_hit(&self, pins: &HitPins<V>);
 }
 
 /// The outcome sent to a reader waiting on a disk read.
@@ -70,15 +70,18 @@ pub struct Pinned<V> {
     hold: Option<Hold<V>>,
 }
 
-/// What a guard holds: a pin the shard counts on the entry, or a pin of
-/// the entry's hit cell (see [`crate::buffer::cell`]).
+/// What a guard holds: a pin the shard counts on the entry, or a pin
+/// taken under the shard's read lock (see [`crate::buffer::hit`]).
 enum Hold<V> {
     Entry {
         value: Arc<V>,
         owner: Arc<dyn PinOwner<V>>,
         at: PinAt,
     },
-    Cell(CellPin<V>),
+    Hit {
+        value: Arc<V>,
+        pins: Arc<HitPins<V>>,
+    },
 }
 
 impl<V> Pinned<V> {
@@ -89,10 +92,10 @@ impl<V> Pinned<V> {
         }
     }
 
-    /// A guard for a cell pin already taken.
-    pub(crate) fn of_cell(pin: CellPin<V>) -> Self {
+    /// A guard for a pin of `pins` already taken.
+    pub(crate) fn of_hit(value: Arc<V>, pins: Arc<HitPins<V>>) -> Self {
         Pinned {
-            hold: Some(Hold::Cell(pin)),
+            hold: Some(Hold::Hit { value, pins }),
         }
     }
 
@@ -102,15 +105,28 @@ impl<V> Pinned<V> {
 
     fn arc(&self) -> &Arc<V> {
         match self.hold() {
-            Hold::Entry { value, .. } => value,
-            Hold::Cell(pin) => pin.cell().value(),
+            Hold::Entry { value, .. } | Hold::Hit { value, .. } => value,
         }
     }
 
     fn release(&mut self, consume: bool) {
         match self.hold.take() {
             Some(Hold::Entry { value, owner, at }) => owner.unpin(at, consume, value),
-            Some(Hold::Cell(pin)) => pin.release(consume),
+            Some(Hold::Hit { value, pins }) => {
+                // The guard's handle goes first, so that the entry's (if
+                // the shard frees it) is the last one.
+                drop(value);
+                // A consume goes through the shard, which orders it; a
+                // plain release needs the shard only to end a lease.
+                if let Some(owner) = consume.then(|| pins.owner()).flatten() {
+                    owner.consume_hit(&pins);
+                } else if pins.release(!consume) == Released::EndLease {
+                    // The buffer may be gone: the lease ends here then.
+                    if let Some(owner) = pins.owner() {
+                        owner.end_lease(&pins);
+                    }
+                }
+            }
             None => {}
         }
     }
@@ -127,17 +143,17 @@ impl<V> Pinned<V> {
         self.arc()
     }
 
-    /// Whether this pin came through the hit path (a cell pin).
+    /// Whether this pin was taken under the shard's read lock.
     #[cfg(test)]
     pub(crate) fn is_hit(&self) -> bool {
-        matches!(self.hold(), Hold::Cell(_))
+        matches!(self.hold(), Hold::Hit { .. })
     }
 
     /// The version of the entry this pin was made for.
     pub(crate) fn version(&self) -> u64 {
         match self.hold() {
             Hold::Entry { at, .. } => at.version,
-            Hold::Cell(pin) => pin.cell().at().version,
+            Hold::Hit { pins, .. } => pins.at().version,
         }
     }
 }
@@ -161,7 +177,13 @@ impl<V> Clone for Pinned<V> {
                     at: *at,
                 }
             }
-            Hold::Cell(pin) => Hold::Cell(pin.repin()),
+            Hold::Hit { value, pins } => {
+                pins.repin();
+                Hold::Hit {
+                    value: Arc::clone(value),
+                    pins: Arc::clone(pins),
+                }
+            }
         };
         Pinned { hold: Some(hold) }
     }

@@ -6,7 +6,7 @@
 //! make room if that is enough.
 
 use super::inner::Inner;
-use super::pinned::{PinOwner, Pinned, Waiter};
+use super::pinned::{Pinned, Waiter};
 use super::shard::{After, Found, Wake};
 use super::Key;
 use crate::error::Result;
@@ -40,28 +40,25 @@ pub(crate) enum Lookup<K, V> {
 impl<K: Key, V: Spill> Inner<K, V> {
     /// Find `key` for a read. With a waiter, a value on disk gets a read
     /// started or joined; without one, only a memory hit pins.
-    pub(crate) fn lookup<Q>(
-        &self,
-        key: &Q,
-        waiter: Option<Waiter<V>>,
-        owners: &[Arc<dyn PinOwner<V>>],
-    ) -> Lookup<K, V>
+    pub(crate) fn lookup<Q>(&self, key: &Q, waiter: Option<Waiter<V>>) -> Lookup<K, V>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         let hash = self.hasher.of(key);
-        // The hit path: no lock, no write but the key's cell.
-        if let Some(cell) = self.hits.pin(hash, key) {
-            return Lookup::Hit(Pinned::of_cell(cell));
-        }
         let s = self.shard_of_hash(hash);
+        // The hit path: the shard's read lock, and a pin counted on the
+        // entry's hit pins.
+        let hit = self.shards[s].core.read().hit(hash, key);
+        if let Some((value, hits)) = hit {
+            return Lookup::Hit(Pinned::of_hit(value, hits));
+        }
         match self.with_shard(s, |shard| shard.lookup(hash, key, waiter)) {
             Found::Hit {
                 slot,
                 version,
                 value,
-            } => Lookup::Hit(self.pin_handle(s, slot, version, value, Some(owners))),
+            } => Lookup::Hit(self.pin_handle(s, slot, version, value)),
             Found::Missing => Lookup::Missing,
             Found::NotResident => Lookup::NotResident,
             Found::Joined => Lookup::Joined,
@@ -132,7 +129,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
                 // Promise the memory first, so concurrent prefetches cannot
                 // together pass the target.
                 shard.start_prefetch(&key, |w| {
-                    let admitted = self.g.admit(w, self.pinned(), target);
+                    let admitted = self.g.admit(w, self.pinned() + self.hit_pinned(), target);
                     if !admitted {
                         refused.set(Some(w));
                     }

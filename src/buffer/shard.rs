@@ -1,11 +1,12 @@
 //! The single-threaded core of one index shard: key → slot map, a slab of
 //! entries ([`entry`](super::entry)) and their LRU lists
 //! ([`lru`](super::lru)). It does no IO and takes no lock; the buffer puts
-//! each shard behind its mutex.
+//! each shard behind a read-write lock.
 //!
-//! The shard also keeps its entries' hit cells (`buffer::cell`) in step
-//! with its lists: a cell is open exactly while its entry is on a list,
-//! and a cell closed while pinned leases the entry one pin.
+//! The shard also keeps its entries' [`HitPins`] in step with its lists:
+//! an entry's are open exactly while it is on a list, so that a lookup
+//! under the read lock ([`Shard::hit`]) can pin it, and closing them while
+//! pinned leases the entry one pin (see [`crate::buffer::hit`]).
 //!
 //! Every operation applies entry transitions, adds up the gauge changes
 //! they make (taken by [`Shard::take_delta`] and applied before the lock
@@ -13,12 +14,11 @@
 //! lock is released: values to drop, a write to queue, a record to
 //! release, waiters to answer. The buffer acts on it (`Inner::act`).
 
-use crate::buffer::cell::{CellRef, HitCell, HitIndex, Released};
 use crate::buffer::entry::{Delta, Detached, Evicted, ListKind, Node, Removed, State, Unpinned};
 use crate::buffer::hash::KeyHash;
+use crate::buffer::hit::{HitContext, HitPins, Released};
 use crate::buffer::lru::{Lists, Slab};
 use crate::buffer::pinned::{PinAt, Waiter};
-use crate::buffer::way;
 use crate::buffer::write::SpillJob;
 use crate::store::compact::Relocated;
 use crate::store::DiskLoc;
@@ -27,22 +27,6 @@ use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::Arc;
-
-/// What a shard needs to give its entries hit cells: the buffer's index
-/// of them, the owner their releases call back, the buffer's clock, and
-/// the shard's own number.
-pub(crate) struct Cells<K, V> {
-    pub index: Arc<HitIndex<K, V>>,
-    pub shard: u32,
-    /// At most this many of the shard's entries keep a cell (beyond it,
-    /// the least recently hit give theirs up: `cells::Retire`); 0 gives
-    /// none, and every pin takes the shard's path.
-    pub budget: usize,
-    /// The buffer's whole budget of cells (`Builder::hit_cells`): a cell
-    /// used within this many ticks is among the uses the budget covers,
-    /// so an asker never takes its place without a draw (`cells::Retire`).
-    pub total: u64,
-}
 
 /// Readers to answer after unlocking.
 pub(crate) enum Wake<V> {
@@ -120,24 +104,24 @@ pub(crate) struct Shard<K, V> {
     detached: HashMap<u64, Detached<V>>,
     /// Gauge changes made since the last [`Shard::take_delta`].
     delta: Delta,
-    cells: Cells<K, V>,
-    /// The entries with a cell, oldest first, for keeping them within
-    /// `cells.budget`.
-    retire: cells::Retire<K, V>,
-    /// The newest tick an entry was relinked at by a hit's release
-    /// (eviction moving it up), since the last [`Shard::take_repaired`]:
+    /// What the entries' [`HitPins`] share.
+    ctx: Arc<HitContext<V>>,
+    /// This shard's number, for its entries' [`PinAt`].
+    number: u32,
+    /// The newest tick an entry was relinked at for a pin taken under the
+    /// read lock (eviction moving it up), since the last [`Shard::take_repaired`]:
     /// the buffer raises the shard's clock to it, so later links come
     /// after it.
     repaired: u64,
-    /// Pins of a value in memory that took this shard's lock.
+    /// Pins of a value in memory that took this shard's write lock.
     locked_pins: u64,
 }
 
 impl<K: Hash + Eq + Clone, V> Shard<K, V> {
-    /// A shard whose table hashes keys with `hash` (the buffer's, so that a
-    /// key is hashed once for its shard and its slot), giving its entries
-    /// hit cells in `cells`.
-    pub(crate) fn new_in(hash: KeyHash, cells: Cells<K, V>) -> Self {
+    /// Shard `number`, whose table hashes keys with `hash` (the buffer's,
+    /// so that a key is hashed once for its shard and its slot), its
+    /// entries' [`HitPins`] sharing `ctx`.
+    pub(crate) fn new_in(hash: KeyHash, ctx: Arc<HitContext<V>>, number: u32) -> Self {
         Shard {
             map: HashTable::new(),
             hash,
@@ -146,38 +130,24 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
             lists: Lists::new(),
             detached: HashMap::new(),
             delta: Delta::ZERO,
-            cells,
-            retire: cells::Retire::default(),
+            ctx,
+            number,
             repaired: 0,
             locked_pins: 0,
         }
     }
 
-    /// A shard of its own, whose cells call back nobody.
+    /// A shard of its own, whose pins call back nobody.
     #[cfg(test)]
     pub(crate) fn new() -> Self
     where
         K: Send + Sync + 'static,
         V: Send + Sync + 'static,
     {
-        let hash = KeyHash::new();
         use crate::buffer::pinned::PinOwner;
         use std::sync::Weak;
         let owner: Weak<dyn PinOwner<V>> = Weak::<tests::NoOwner>::new();
-        Self::new_in(
-            hash,
-            Cells {
-                index: Arc::new(HitIndex::new(
-                    hash,
-                    1,
-                    owner,
-                    Arc::new(crate::buffer::tick::Ticks::new()),
-                )),
-                shard: 0,
-                budget: usize::MAX,
-                total: u64::MAX,
-            },
-        )
+        Self::new_in(KeyHash::new(), Arc::new(HitContext::new(owner, 1)), 0)
     }
 
     // ----- the index ----------------------------------------------------
@@ -277,7 +247,7 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
     /// value still held by pins or a write is kept as detached.
     fn take(&mut self, idx: u32) -> Removed<V> {
         self.unlink(idx);
-        self.drop_cell(idx);
+        self.drop_hits(idx);
         let hash = self.hash.of(&self.node(idx).key);
         match self.map.find_entry(hash, |&i| i == idx) {
             Ok(slot) => drop(slot.remove()),
@@ -316,54 +286,65 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         value
     }
 
-    // ----- the LRU lists and the hit cells ----------------------------------
+    // ----- the LRU lists and the hit pins --------------------------------
 
-    /// Link `idx` as most recently used, at `tick`; its cell opens.
+    /// Link `idx` as most recently used, at `tick`; its hit pins open.
     fn link_front(&mut self, idx: u32, kind: ListKind, tick: u64) {
-        self.lists
-            .link_front(&mut self.slab, way::this_thread(), idx, kind, tick);
-        if let Some(cell) = self.cell(idx) {
-            cell.open(tick);
-        }
+        self.lists.link_front(&mut self.slab, idx, kind, tick);
+        self.hits_of(idx).open(tick);
     }
 
-    /// Link `idx` as the first to go; its cell opens.
+    /// Link `idx` as the first to go; its hit pins open.
     fn link_back(&mut self, idx: u32, kind: ListKind) {
-        self.lists
-            .link_back(&mut self.slab, way::this_thread(), idx, kind);
-        if let Some(cell) = self.cell(idx) {
-            cell.open(0);
-        }
+        self.lists.link_back(&mut self.slab, idx, kind);
+        self.hits_of(idx).open(0);
     }
 
-    /// Take `idx` off its list, if it is on one; its cell closes, and pins
-    /// held through it become the entry's lease (one pin). Returns the
-    /// cell it closed.
-    fn unlink(&mut self, idx: u32) -> Option<CellRef<K, V>> {
+    /// The hit pins of `idx`, made if it has none yet (it is going on a
+    /// list).
+    fn hits_of(&mut self, idx: u32) -> &HitPins<V> {
+        let (ctx, number) = (&self.ctx, self.number);
+        let n = self.slab[idx as usize].as_mut().expect("live slot");
+        let at = PinAt {
+            shard: number,
+            slot: idx,
+            version: n.version,
+        };
+        let weight = n.weight;
+        n.hits
+            .get_or_insert_with(|| Arc::new(HitPins::new(Arc::clone(ctx), at, weight)))
+    }
+
+    /// Take `idx` off its list, if it is on one; its hit pins close, and
+    /// pins held through them become the entry's lease (one pin). Returns
+    /// the hit pins it closed.
+    fn unlink(&mut self, idx: u32) -> Option<Arc<HitPins<V>>> {
         self.node(idx).list?;
         self.lists.unlink(&mut self.slab, idx);
-        let cell = self.cell(idx)?;
-        if cell.close() > 0 {
+        let hits = Arc::clone(
+            self.node(idx)
+                .hits
+                .as_ref()
+                .expect("a listed entry has hit pins"),
+        );
+        if hits.close() > 0 {
             let d = self.node_mut(idx).pin();
             self.add(d);
         }
-        Some(cell)
+        Some(hits)
     }
 
-    /// The hit cell of `idx`, if it has one.
-    fn cell(&self, idx: u32) -> Option<CellRef<K, V>> {
-        let n = self.node(idx);
-        if !n.celled() {
-            return None;
-        }
-        self.cells.index.get(&n.key)
+    /// `idx`'s value is leaving memory, or the entry the index: it lets go
+    /// of its hit pins (closed already). Pins still held through them keep
+    /// them until their lease ends.
+    fn drop_hits(&mut self, idx: u32) {
+        self.node_mut(idx).hits = None;
     }
 
-    /// For [`crate::Stats`]: entries with a hit cell, cells retired so
-    /// far, and pins of a value in memory that took this shard's lock.
-    pub(crate) fn hit_counts(&self) -> (u64, u64, u64) {
-        let (cells, retired) = self.retire.counts();
-        (cells, retired, self.locked_pins)
+    /// For [`crate::Stats`]: pins of a value in memory that took this
+    /// shard's write lock.
+    pub(crate) fn locked_pins(&self) -> u64 {
+        self.locked_pins
     }
 
     /// The newest tick an entry was moved up to since the last call.
@@ -387,6 +368,24 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
     }
 
     // ----- operations -------------------------------------------------------
+
+    /// Pin `key`'s value under the read lock, if it is in memory and on its
+    /// list: the pin is counted on its hit pins, and the entry stays where
+    /// it is (its release records the use).
+    #[inline]
+    pub(crate) fn hit<Q>(&self, hash: u64, key: &Q) -> Option<(Arc<V>, Arc<HitPins<V>>)>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let n = self.node(self.find_hashed(hash, key)?);
+        let hits = n.hits.as_ref()?;
+        if !hits.try_pin() {
+            return None;
+        }
+        let value = n.state().value().expect("an open entry is in memory");
+        Some((Arc::clone(value), Arc::clone(hits)))
+    }
 
     /// Find `key` for a read. A value in memory is pinned; with a waiter,
     /// a value on disk gets a read started or joined.
@@ -531,9 +530,9 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
 
     /// Evict the tail of `kind` if its tick is `expect_tick` (when given):
     /// a clean value is dropped, a dirty one queued for writing. Returns
-    /// its weight and what to do. A tail pinned or used through its hit
-    /// cell is not evicted (weight 0, nothing to do): it is leased, or
-    /// moved up to its last use.
+    /// its weight and what to do. A tail pinned or used under the read
+    /// lock since it was linked is not evicted (weight 0, nothing to do):
+    /// it is leased, or moved up to its last use.
     pub(crate) fn evict_tail(
         &mut self,
         kind: ListKind,
@@ -543,22 +542,8 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         if expect_tick.is_some_and(|t| t != tick) {
             return None;
         }
-        if let Some(cell) = self.unlink(idx) {
-            // Pinned through its cell: leased now, and relinked by the
-            // last release.
-            if self.node(idx).pins() > 0 {
-                return Some((0, After::default()));
-            }
-            // Used through its cell since it was linked: move it up.
-            let used = cell.last_use();
-            if used > tick {
-                self.node_mut(idx).used_again();
-                self.lists
-                    .link_sorted(&mut self.slab, way::this_thread(), idx, kind, used);
-                cell.open(used);
-                self.repaired = self.repaired.max(used);
-                return Some((0, After::default()));
-            }
+        if self.settle(idx, tick, kind).is_none() {
+            return Some((0, After::default()));
         }
         let n = self.node_mut(idx);
         let (w, key, version) = (n.weight, n.key.clone(), n.version);
@@ -566,9 +551,8 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         self.add(d);
         let after = match evicted {
             Evicted::Dropped(value) => {
-                // The value left memory: so does its cell (this handle
-                // goes first, the entry's in `After`).
-                self.drop_cell(idx);
+                // The value left memory: so do its hit pins.
+                self.drop_hits(idx);
                 After {
                     drop: Some(value),
                     clean_eviction: true,
@@ -585,6 +569,54 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
             },
         };
         Some((w, after))
+    }
+
+    /// Take the tail `idx` of `kind` (placed at `tick`) off its list, for
+    /// eviction. `None` if it must not go: pinned under the read lock
+    /// (leased now, and relinked by the last release), or used since it
+    /// was placed (moved up to its last use, and back on its list).
+    /// Otherwise it is off its list, with its hit pins (closed).
+    fn settle(&mut self, idx: u32, tick: u64, kind: ListKind) -> Option<Arc<HitPins<V>>> {
+        let hits = self.unlink(idx).expect("a list's tail is on it");
+        if self.node(idx).pins() > 0 {
+            return None;
+        }
+        let used = hits.last_use();
+        if used > tick {
+            self.node_mut(idx).used_again();
+            self.lists.link_sorted(&mut self.slab, idx, kind, used);
+            hits.open(used);
+            self.repaired = self.repaired.max(used);
+            return None;
+        }
+        Some(hits)
+    }
+
+    /// When writes are held back: lease the tail of `kind` if it is pinned
+    /// under the read lock, or move it up if it was used since it was
+    /// placed, so that the pinned gauge and the order are true; a tail
+    /// that would be evicted stays. Returns whether it did either.
+    pub(crate) fn settle_tail(&mut self, kind: ListKind) -> bool {
+        let Some((idx, tick)) = self.tail(kind) else {
+            return false;
+        };
+        let Some(hits) = &self.node(idx).hits else {
+            return false;
+        };
+        // Under the write lock no pin is added from none: a tail seen
+        // unpinned and unused here stays so.
+        if hits.pins() == 0 && hits.last_use() <= tick {
+            return false;
+        }
+        match self.settle(idx, tick, kind) {
+            None => true,
+            Some(hits) => {
+                // Its pins were released meanwhile: back in its place.
+                self.lists.link_sorted(&mut self.slab, idx, kind, tick);
+                hits.open(tick);
+                false
+            }
+        }
     }
 
     /// One pin of slot `idx` (of `version`) released. Returns a value to
@@ -611,7 +643,7 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         match next {
             Unpinned::Nothing => None,
             Unpinned::Freed(value) => {
-                self.drop_cell(idx);
+                self.drop_hits(idx);
                 Some((value, true))
             }
             Unpinned::Link {
@@ -622,10 +654,7 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
                 None
             }
             Unpinned::Link { kind, .. } => {
-                let tick = tick();
-                self.give_cell(idx, tick);
-                self.link_front(idx, kind, tick);
-                self.trim_cells();
+                self.link_front(idx, kind, tick());
                 None
             }
         }
@@ -643,52 +672,44 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         }
     }
 
-    /// The last cell pin of `cell`'s lease was released: the entry's lease
-    /// pin goes, as [`Shard::unpin`] (consuming, if `consume`). For an
-    /// entry removed or replaced meanwhile, the cell's handle on the value
-    /// goes first, then the detached value's pin.
+    /// The last pin of a lease of `hits` was released: the entry's lease
+    /// pin goes, as [`Shard::unpin`] (consuming, if `consume`); for an
+    /// entry removed or replaced meanwhile, the detached value's pin.
     pub(crate) fn lease_ended(
         &mut self,
-        cell: &HitCell<V>,
+        hits: &HitPins<V>,
         consume: bool,
         target: usize,
         tick: impl FnOnce() -> u64,
     ) -> Option<(Arc<V>, bool)> {
-        let at = cell.at();
-        if self.live(at).is_none() {
-            drop(cell.take_value());
-        }
-        let freed = self.unpin(at.slot, at.version, consume, target, tick);
-        // A cell taken out of the index while leased is free from now.
-        self.cells.index.lease_ended(cell);
-        freed
+        hits.lease_returned();
+        let at = hits.at();
+        self.unpin(at.slot, at.version, consume, target, tick)
     }
 
-    /// A holder of a pin of `cell` consumed it: that pin goes, and the
+    /// A holder of a pin of `hits` consumed it: that pin goes, and the
     /// entry is first in line once no pin is left. The entry comes off its
-    /// list first (its cell pins become a lease) so that the release is
-    /// the shard's to order.
-    pub(crate) fn consume_cell(
+    /// list first (the pins of `hits` become a lease) so that the release
+    /// is the shard's to order.
+    pub(crate) fn consume_hit(
         &mut self,
-        cell: &HitCell<V>,
+        hits: &HitPins<V>,
         target: usize,
         tick: impl FnOnce() -> u64,
-    ) -> (Released, Option<(Arc<V>, bool)>) {
-        let live = self.live(cell.at());
+    ) -> Option<(Arc<V>, bool)> {
+        let live = self.live(hits.at());
         if let Some(idx) = live {
             self.unlink(idx);
         }
-        let released = cell.release_consumed();
-        let freed = match released {
-            Released::EndLease => self.lease_ended(cell, true, target, tick),
+        match hits.release(false) {
+            Released::EndLease => self.lease_ended(hits, true, target, tick),
             Released::Done => {
                 if let Some(idx) = live {
                     self.node_mut(idx).mark_consumed();
                 }
                 None
             }
-        };
-        (released, freed)
+        }
     }
 
     /// The slot at `at`, if it still holds that version.
@@ -714,7 +735,7 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         let (freed, d) = self.node_mut(idx).spill_done(loc);
         self.add(d);
         if freed.is_some() {
-            self.drop_cell(idx);
+            self.drop_hits(idx);
         }
         After {
             drop: freed,
@@ -857,7 +878,7 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
             if self.find(&n.key) != Some(i) {
                 return Err(format!("slot {i} is not the map's slot for its key"));
             }
-            self.validate_cell(i, n)?;
+            self.validate_hits(i, n)?;
             if n.list != n.wanted_list() {
                 return Err(format!(
                     "slot {i} ({}, pins {}) on list {:?}, wants {:?}",
@@ -871,51 +892,37 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         if self.map.len() != self.nodes().count() {
             return Err("map and slab disagree on the number of keys".into());
         }
-        if self.retire.count() != self.celled() {
-            return Err(format!(
-                "{} cells counted, {} entries with one",
-                self.retire.count(),
-                self.celled()
-            ));
-        }
         Ok(())
     }
 
-    /// A node's hit cell is in the index exactly when the node says so, is
-    /// open exactly when the node is on a list, and a leased one holds a
-    /// pin of the node.
+    /// A node's hit pins are open exactly when the node is on a list
+    /// (which only an entry in memory is), and a leased one holds a pin of
+    /// the node.
     #[cfg(any(test, feature = "testing"))]
-    fn validate_cell(&self, i: u32, n: &Node<K, V>) -> Result<(), String> {
-        let cell = self.cells.index.get(&n.key);
-        match (&cell, n.celled()) {
-            (Some(_), false) => return Err(format!("slot {i} has a cell it does not know of")),
-            (None, true) => return Err(format!("slot {i} says it has a cell; the index has none")),
-            _ => {}
-        }
-        let Some(cell) = cell else { return Ok(()) };
+    fn validate_hits(&self, i: u32, n: &Node<K, V>) -> Result<(), String> {
+        let Some(hits) = &n.hits else {
+            return match n.list {
+                Some(_) => Err(format!("slot {i} is on a list without hit pins")),
+                None => Ok(()),
+            };
+        };
         if n.state().value().is_none() {
-            return Err(format!("slot {i} has a cell but is {}", n.state().name()));
+            return Err(format!("slot {i} has hit pins but is {}", n.state().name()));
         }
-        if cell.at().slot != i || cell.at().version != n.version {
-            return Err(format!("slot {i}: its cell is for {:?}", cell.at()));
+        if hits.at().slot != i || hits.at().version != n.version {
+            return Err(format!("slot {i}: its hit pins are for {:?}", hits.at()));
         }
-        if cell.is_open() != n.list.is_some() {
+        if hits.is_open() != n.list.is_some() {
             return Err(format!(
-                "slot {i}: cell open {}, on list {:?}",
-                cell.is_open(),
+                "slot {i}: hit pins open {}, on list {:?}",
+                hits.is_open(),
                 n.list
             ));
         }
-        if cell.is_leased() && n.pins() == 0 {
-            return Err(format!("slot {i}: cell leased, entry unpinned"));
+        if hits.is_leased() && n.pins() == 0 {
+            return Err(format!("slot {i}: hit pins leased, entry unpinned"));
         }
         Ok(())
-    }
-
-    /// Entries with a hit cell.
-    #[cfg(any(test, feature = "testing"))]
-    pub(crate) fn celled(&self) -> usize {
-        self.nodes().filter(|(_, n)| n.celled()).count()
     }
 
     /// Keys of `kind` in eviction order.
@@ -929,6 +936,5 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
     }
 }
 
-mod cells;
 #[cfg(test)]
 mod tests;

@@ -9,8 +9,8 @@
 //! than `SLACK` apart: for eviction, entries used by different threads are
 //! ordered within that many uses of each other.
 //!
-//! A hit through a cell (`buffer::cell`) takes its tick the same way, with
-//! no shard lock: a read of the published clock and of this thread's last
+//! A pin released without the shard's write lock (`buffer::hit`) takes its
+//! tick the same way: a read of the published clock and of this thread's last
 //! tick. It writes nothing shared but, once per `SLACK` ticks, the clock.
 //!
 //! Work on the IO pool (a read that lands, a failed write put back) uses
@@ -30,12 +30,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 /// far apart two threads' ticks can drift.
 ///
 /// Every write costs each other thread a cache miss on its next tick,
-/// which reads the clock. At 64, two threads hitting different keys spent
-/// about a tenth of their time on those misses; at 256 the misses are a
-/// quarter as many, and the drift is still small next to the resident
-/// entries of a buffer that evicts (measured in
-/// docs/bench-results/2026-12-03-hit-path.md, "The clock two threads
-/// share").
+/// which reads the clock: the larger, the fewer misses, and the drift is
+/// still small next to the resident entries of a buffer that evicts.
 pub(crate) const SLACK: u64 = 256;
 
 thread_local! {
@@ -58,7 +54,7 @@ impl Ticks {
     }
 
     /// A tick for an entry of a shard whose newest tick is `floor`, or for
-    /// the release of a hit cell's pin (`floor` 0: the cell's entry stays
+    /// the release of a pin taken under the read lock (`floor` 0: its entry stays
     /// where it is on its list). For a shard, take it under that shard's
     /// lock and store it as the shard's newest.
     ///
@@ -199,7 +195,7 @@ mod tests {
     #[test]
     fn a_synced_tick_comes_after_what_other_threads_published() {
         let ticks = Ticks::new();
-        // Another thread releases hit cells, never reaching the point
+        // Another thread releases hits, never reaching the point
         // where it publishes, then queues a read.
         let (unpublished, theirs) = std::thread::scope(|s| {
             s.spawn(|| {

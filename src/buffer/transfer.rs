@@ -432,7 +432,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
                     Record::framed(weight as u64, res?)
                 }
                 Source::Memory => {
-                    let Lookup::Hit(pin) = self.lookup(key, None, &[]) else {
+                    let Lookup::Hit(pin) = self.lookup(key, None) else {
                         continue;
                     };
                     let weight = pin.weight() as u64;

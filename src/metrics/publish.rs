@@ -245,25 +245,11 @@ pub(crate) const SERIES: &[Def] = &[
         Field::Int(|s| s.records_received_bytes_total),
     ),
     def(
-        "spillbuffer_hit_cells",
-        Kind::Gauge,
-        Unit::Count,
-        "Keys holding a hit cell: their pins take no lock.",
-        Field::Int(|s| s.hit_cells),
-    ),
-    def(
         "spillbuffer_locked_pins_total",
         Kind::Counter,
         Unit::Count,
-        "Pins of a value in memory that took the shard's lock (pins through a hit cell are not counted).",
+        "Pins of a value in memory that took the shard's lock in write mode (pins under the read lock are not counted).",
         Field::Int(|s| s.locked_pins_total),
-    ),
-    def(
-        "spillbuffer_hit_cells_retired_total",
-        Kind::Counter,
-        Unit::Count,
-        "Hit cells taken back to keep within `hit_cells`.",
-        Field::Int(|s| s.hit_cells_retired_total),
     ),
     def(
         "spillbuffer_spill_seconds_total",
@@ -407,9 +393,7 @@ mod tests {
             records_sent_bytes_total: 24,
             records_received_total: 25,
             records_received_bytes_total: 26,
-            hit_cells: 27,
-            locked_pins_total: 28,
-            hit_cells_retired_total: 29,
+            locked_pins_total: 27,
         };
         let mut seen: Vec<f64> = SERIES
             .iter()
@@ -419,7 +403,7 @@ mod tests {
             })
             .collect();
         seen.sort_by(f64::total_cmp);
-        let mut want: Vec<f64> = (1..=18).chain(22..=29).map(f64::from).collect();
+        let mut want: Vec<f64> = (1..=18).chain(22..=27).map(f64::from).collect();
         want.extend([19.5, 20.5, 21.5]);
         want.sort_by(f64::total_cmp);
         assert_eq!(seen, want);

@@ -85,19 +85,13 @@ pub struct Stats {
     /// job (any job: writes, reads, frees, compaction). At most the
     /// buffer's age; its ratio to elapsed time is how busy the pool was.
     pub io_busy_seconds_total: f64,
-    /// Keys that hold a hit cell now: their pins take no lock
-    /// ([`crate::Builder::hit_cells`] bounds them).
-    pub hit_cells: u64,
-    /// Pins of a value in memory that took its shard's lock, over the
-    /// buffer's life: a key's first two pins, and the pins of keys without
-    /// a hit cell. Pins through a hit cell are not counted (counting them
-    /// would write memory that every thread shares on every hit).
+    /// Pins of a value in memory that took its shard's lock in write mode,
+    /// over the buffer's life: a key's first pin after it went into
+    /// memory, and pins of an entry pinned that way already or being
+    /// written. Pins under the read lock (the common case) are not counted
+    /// (counting them would write memory that every thread shares on
+    /// every hit).
     pub locked_pins_total: u64,
-    /// Hit cells taken back to keep within [`crate::Builder::hit_cells`],
-    /// over the buffer's life. Growing steadily while `hit_cells` stays at
-    /// the budget: more keys are pinned over and over than there are
-    /// cells.
-    pub hit_cells_retired_total: u64,
 }
 
 /// Several lines, one per topic, each figure with its unit: bytes in binary
@@ -171,10 +165,8 @@ impl std::fmt::Display for Stats {
         if self.locked_pins_total > 0 {
             writeln!(
                 f,
-                "pins through a lock: {}; hit cells: {} ({} retired)",
+                "pins through a write lock: {}",
                 Count(self.locked_pins_total),
-                Count(self.hit_cells),
-                Count(self.hit_cells_retired_total),
             )?;
         }
         writeln!(
@@ -329,9 +321,7 @@ mod tests {
             records_sent_bytes_total: 160 << 20,
             records_received_total: 5,
             records_received_bytes_total: 20 << 20,
-            hit_cells: 16_384,
             locked_pins_total: 1_234_567,
-            hit_cells_retired_total: 2_048,
         };
         let want = "\
 in memory: 64.0 MiB in 64 values (2.0 MiB being written, 1.0 MiB detached)
@@ -341,7 +331,7 @@ spilled: 300.0 MiB in 1,300 records, 1.50 s of thread time
 read back: 3.0 GiB in 12,345 records, 250.0 ms of thread time
 IO pool busy: 1.25 s of wall time
 transfers: sent 160.0 MiB in 40 records (3 from memory), received 20.0 MiB in 5
-pins through a lock: 1,234,567; hit cells: 16,384 (2,048 retired)
+pins through a write lock: 1,234,567
 evicted without a write: 160; records moved by compaction: 9
 failed spills: 7 (encode 1, I/O 4, max_spill 2)";
         assert_eq!(stats.to_string(), want);

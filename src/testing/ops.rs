@@ -260,9 +260,6 @@ pub struct Config {
     pub small_disk: bool,
     /// Compact a segment below this live fraction.
     pub compact_below: f64,
-    /// `hit_cells`: 3 for an odd target index, so that cells are retired
-    /// under the operations, else the default.
-    pub hit_cells: usize,
 }
 
 impl Config {
@@ -276,7 +273,6 @@ impl Config {
             shards: if b & 64 != 0 { 4 } else { 1 },
             small_disk: b & 0xC0 == 0xC0,
             compact_below: if b & 128 != 0 { 0.9 } else { 0.5 },
-            hit_cells: if b & 1 != 0 { 3 } else { 16 << 10 },
         }
     }
 }

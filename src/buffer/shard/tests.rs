@@ -35,27 +35,71 @@ fn lru_order_follows_use_and_consume_goes_first() {
 }
 
 #[test]
-fn the_tail_is_the_oldest_use_over_every_way() {
-    let mut s: Shard<u32, u32> = Shard::new();
-    for k in 1..=8u32 {
-        let (n, _) = Node::inserted(k, Arc::new(k), 1, k as u64, false);
-        let i = s.put(n);
-        s.lists
-            .link_front(&mut s.slab, k as usize % 2, i, ListKind::Dirty, k as u64);
-    }
-    let i = s.find(&5).unwrap();
-    s.lists.link_front(&mut s.slab, 3, i, ListKind::Dirty, 9);
-    let i = s.find(&6).unwrap();
-    s.lists.link_back(&mut s.slab, 1, i, ListKind::Dirty);
+fn a_pin_under_the_read_lock_keeps_the_entry_listed_and_eviction_moves_it_up() {
+    let mut s = shard_with(&[1, 2, 3]);
+    let h = s.hash.of(&1);
+    let (value, hits) = s.hit(h, &1).expect("1 is resident and listed");
+    assert_eq!(*value, 1);
+    assert_eq!(s.order(ListKind::Dirty), vec![1, 2, 3], "a hit moved it");
+    // This thread's clock past the ticks the shard was given by hand.
+    s.ctx.ticks.next(100);
+    assert_eq!(hits.release(true), Released::Done);
     s.validate().unwrap();
-    assert_eq!(s.order(ListKind::Dirty), vec![6, 1, 2, 3, 4, 7, 8, 5]);
+    // The tail was used since it was linked: moved up, not evicted.
+    let (w, after) = s.evict_tail(ListKind::Dirty, None).unwrap();
+    assert_eq!(w, 0);
+    assert!(after.write.is_none());
+    assert_eq!(s.order(ListKind::Dirty), vec![2, 3, 1]);
     let mut drained = Vec::new();
     while let Some((w, after)) = s.evict_tail(ListKind::Dirty, None) {
         assert_eq!(w, 1);
         drained.push(after.write.expect("dirty values are written").key);
         s.validate().unwrap();
     }
-    assert_eq!(drained, vec![6, 1, 2, 3, 4, 7, 8, 5]);
+    assert_eq!(drained, vec![2, 3, 1]);
+}
+
+#[test]
+fn evicting_a_tail_pinned_under_the_read_lock_leases_it_until_released() {
+    let mut s = shard_with(&[1, 2]);
+    let h = s.hash.of(&1);
+    let (_, hits) = s.hit(h, &1).unwrap();
+    let (w, after) = s.evict_tail(ListKind::Dirty, None).unwrap();
+    assert_eq!(w, 0, "a pinned tail was evicted");
+    assert!(after.write.is_none());
+    assert_eq!(s.node(s.find(&1).unwrap()).pins(), 1, "no lease taken");
+    assert!(
+        s.hit(h, &1).is_none(),
+        "a leased entry pinned under the read lock"
+    );
+    s.validate().unwrap();
+    assert_eq!(hits.release(true), Released::EndLease);
+    assert!(s.lease_ended(&hits, false, 100, || 10).is_none());
+    assert_eq!(s.order(ListKind::Dirty), vec![2, 1]);
+    s.validate().unwrap();
+    assert_eq!(s.take_delta().pinned, 0);
+}
+
+#[test]
+fn removing_an_entry_pinned_under_the_read_lock_keeps_its_value_detached() {
+    let mut s = shard_with(&[1]);
+    let h = s.hash.of(&1);
+    let (value, hits) = s.hit(h, &1).unwrap();
+    let after = s.remove(&1, None).unwrap();
+    assert!(
+        after.drop.is_none(),
+        "a pinned value was handed back to drop"
+    );
+    assert_eq!(s.detached().count(), 1);
+    drop(value);
+    assert_eq!(hits.release(true), Released::EndLease);
+    let freed = s.lease_ended(&hits, false, 100, || 10);
+    assert!(
+        matches!(freed, Some((_, false))),
+        "the last pin frees the value"
+    );
+    assert_eq!(s.detached().count(), 0);
+    s.validate().unwrap();
 }
 
 #[test]
@@ -104,21 +148,18 @@ fn replacing_a_key_hands_its_readers_the_new_value() {
 fn validate_catches_a_node_on_the_wrong_list() {
     let mut s = shard_with(&[1]);
     let i = s.find(&1).unwrap();
-    s.lists.link_front(&mut s.slab, 0, i, ListKind::Clean, 5);
+    s.lists.link_front(&mut s.slab, i, ListKind::Clean, 5);
     assert!(s.validate().is_err());
 }
 
-/// An owner for a shard of its own: its cells' releases call back nobody.
+/// An owner for a shard of its own: its pins' releases call back nobody.
 pub(crate) struct NoOwner;
 
 impl<V> crate::buffer::pinned::PinOwner<V> for NoOwner {
     fn repin(&self, _: crate::buffer::pinned::PinAt) {}
     fn unpin(&self, _: crate::buffer::pinned::PinAt, _: bool, _: Arc<V>) {}
-    fn end_lease(&self, _: &crate::buffer::cell::HitCell<V>) {}
-    fn consume_cell(
-        &self,
-        cell: &crate::buffer::cell::HitCell<V>,
-    ) -> crate::buffer::cell::Released {
-        cell.release_consumed()
+    fn end_lease(&self, _: &HitPins<V>) {}
+    fn consume_hit(&self, pins: &HitPins<V>) {
+        pins.release(false);
     }
 }

@@ -1,5 +1,6 @@
-//! The hit path (`buffer::cell`) as the host sees it: a key pinned before
-//! is pinned again through its cell, and every promise of a pin holds.
+//! The hit path (`buffer::hit`) as the host sees it: a key in memory and on
+//! its list is pinned under its shard's read lock, and every promise of a
+//! pin holds.
 
 use super::*;
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -20,38 +21,21 @@ fn value(k: u64) -> Vec<f64> {
     vec![k as f64; LEN]
 }
 
-/// Pin `k` through the shard twice, so that it has a cell, and return the
-/// next pin, which must be a hit.
+/// Pin `k`, which must be a hit.
 fn hit(b: &SpillBuffer<u64, Vec<f64>>, k: u64) -> Pinned<Vec<f64>> {
-    drop(b.try_pin(&k).expect("resident"));
-    drop(b.try_pin(&k).expect("still resident"));
-    let p = b.try_pin(&k).expect("still resident");
-    assert!(p.is_hit(), "the third pin of {k} took the shard's path");
+    let p = b.try_pin(&k).expect("resident");
+    assert!(p.is_hit(), "the pin of {k} took the write lock");
     p
 }
 
-/// A key gets a cell when its second pin through the shard is released,
-/// not its first: keys pinned once (most inputs of a worker's tasks)
-/// never pay for one.
+/// A key in memory and on its list is pinned under the read lock; one
+/// pinned under the write lock (off its list) is pinned that way again
+/// until its last pin goes.
 #[test]
-fn a_key_pinned_twice_gets_a_cell_and_its_next_pin_is_a_hit() {
+fn a_listed_key_is_hit_and_an_unlisted_one_takes_the_write_lock() {
     let dir = tempfile::tempdir().unwrap();
     let b = buffer_fitting(dir.path(), 8);
-    for k in 1..5 {
-        b.insert(k, value(k)).unwrap();
-        drop(b.try_pin(&k).unwrap());
-    }
-    assert_eq!(b.inner().hits.len(), 0, "keys pinned once got cells");
-    let second = b.try_pin(&1).unwrap();
-    assert!(!second.is_hit(), "a key pinned once has no cell");
-    drop(second);
-    assert_eq!(b.inner().hits.len(), 1);
-    b.validate().unwrap();
-    // Replaced, the key is new again: its next two pins take the shard.
     b.insert(1, value(1)).unwrap();
-    assert!(!has_cell(&b, 1));
-    drop(b.try_pin(&1).unwrap());
-    assert!(!has_cell(&b, 1), "a new value pinned once got a cell");
     let p = hit(&b, 1);
     assert_eq!(p[0], 1.0);
     let again = p.clone();
@@ -59,7 +43,16 @@ fn a_key_pinned_twice_gets_a_cell_and_its_next_pin_is_a_hit() {
     drop(p);
     assert_eq!(again.len(), LEN);
     drop(again);
-    assert_eq!(b.inner().hits.len(), 1);
+    b.validate().unwrap();
+    // Written and read back by `get`: pinned under the write lock.
+    b.evict(W);
+    b.flush_blocking().unwrap();
+    let read = b.get(&1).unwrap().unwrap();
+    assert!(!read.is_hit());
+    let second = b.try_pin(&1).unwrap();
+    assert!(!second.is_hit(), "an entry off its list was hit");
+    drop((read, second));
+    drop(hit(&b, 1));
     b.validate().unwrap();
 }
 
@@ -107,10 +100,8 @@ fn hits_order_eviction_exactly_for_one_thread() {
     let b = buffer_fitting(dir.path(), fit);
     for k in 0..fit as u64 {
         b.insert(k, value(k)).unwrap();
-        drop(b.try_pin(&k).unwrap());
-        drop(b.try_pin(&k).unwrap());
     }
-    // Use them through their cells in another order; the list itself does
+    // Use them under the read lock in another order; the list itself does
     // not move, so eviction must find each use.
     let order = [3u64, 0, 5, 1, 4, 2];
     for &k in &order {
@@ -146,7 +137,11 @@ fn consuming_a_hit_frees_a_clean_value_and_puts_a_dirty_one_first() {
     p.consume();
     assert_eq!(b.stats().memory_bytes, before - W as u64, "not freed");
     assert!(on_disk(&b).contains(&0));
-    assert_eq!(b.inner().hits.len(), 0, "a freed value kept its cell");
+    let s0 = b.inner().shard_of(&0u64);
+    let kept = b
+        .inner()
+        .with_shard(s0, |shard| shard.nodes().any(|(_, n)| n.hits.is_some()));
+    assert!(!kept, "a freed value kept its hit pins");
     // A dirty one goes first, before older values.
     for k in 1..=4 {
         b.insert(k, value(k)).unwrap();
@@ -200,315 +195,26 @@ fn a_hit_outlives_its_buffer() {
     assert_eq!(Arc::strong_count(&value), 1, "the buffer's handles leaked");
 }
 
-/// A buffer of one shard with room for 64 values and `cells` hit cells.
-fn buffer_with_cells(dir: &std::path::Path, cells: usize) -> SpillBuffer<u64, Vec<f64>> {
-    SpillBuffer::builder(dir)
-        .memory_target(64 * W)
-        .shards(1)
-        .hit_cells(cells)
-        .build()
-        .unwrap()
-}
-
-fn has_cell(b: &SpillBuffer<u64, Vec<f64>>, k: u64) -> bool {
-    b.inner().hits.get(&k).is_some()
-}
-
-/// Pin `k` through the shard until it gets a cell (at the budget, one in
-/// `ADMIT_ONE_IN` asks does), checking the budget after each pin; the
-/// pins it took.
-fn pin_until_celled(b: &SpillBuffer<u64, Vec<f64>>, k: u64, budget: usize) -> usize {
-    for pins in 1..=1000 {
-        let p = b.try_pin(&k).expect("resident");
-        assert!(!p.is_hit(), "{k} had a cell before its pin {pins}");
-        drop(p);
-        assert!(b.inner().hits.len() <= budget, "{k}, pin {pins}");
-        if has_cell(b, k) {
-            return pins;
-        }
-    }
-    panic!("{k} got no cell in 1000 pins");
-}
-
-/// Beyond its budget, a shard retires the cells not hit for longest (one
-/// hit or released since it was given is kept over an older idle one),
-/// never one pinned; a key whose cell was retired takes the shard's path
-/// until it gets a cell again.
+/// `Stats` counts the pins through the write lock; hits are not counted.
 #[test]
-fn cells_stay_within_their_budget_and_the_least_recently_hit_go_first() {
+fn stats_count_the_pins_through_the_write_lock() {
     let dir = tempfile::tempdir().unwrap();
-    let b = buffer_with_cells(dir.path(), 4);
-    for k in 0..10 {
-        b.insert(k, value(k)).unwrap();
-    }
-    let held = hit(&b, 0);
-    for k in 1..4 {
-        drop(hit(&b, k));
-    }
-    // At the budget: 2 is hit after its cell was given, 1 and 3 are idle.
-    drop(hit(&b, 2));
-    pin_until_celled(&b, 9, 4);
-    let celled: Vec<u64> = (0..10).filter(|&k| has_cell(&b, k)).collect();
-    assert_eq!(celled, [0, 2, 3, 9], "1, the oldest idle cell, went");
-    b.validate().unwrap();
-    // 2 is hit again, so 3 is the oldest idle cell now.
-    assert_eq!(held[0], 0.0);
-    drop(held);
-    drop(hit(&b, 2));
-    pin_until_celled(&b, 8, 4);
-    let celled: Vec<u64> = (0..10).filter(|&k| has_cell(&b, k)).collect();
-    assert_eq!(celled, [0, 2, 8, 9], "3 went, 2 was hit since");
-    let p = b.try_pin(&3).unwrap();
-    assert!(!p.is_hit(), "key 3's cell was retired");
-    assert_eq!(p[0], 3.0);
-    drop(p);
-    pin_until_celled(&b, 3, 4);
-    assert!(b.try_pin(&3).unwrap().is_hit());
-    b.validate().unwrap();
-}
-
-/// A shard at its budget gives a new cell before it retires one: its
-/// table keeps room for that cell rather than doubling for it, so that
-/// a table at a budget of a power of two cells (the default's) stays
-/// half full, not a quarter.
-#[test]
-fn a_table_at_its_budget_does_not_grow_for_the_cell_given_before_a_retirement() {
-    let dir = tempfile::tempdir().unwrap();
-    let b = buffer_with_cells(dir.path(), 8);
-    for k in 0..40 {
-        b.insert(k, value(k)).unwrap();
-    }
-    for k in 0..8 {
-        pin_until_celled(&b, k, 8);
-    }
-    assert_eq!(b.inner().hits.slots(), 16, "8 cells, half of the slots");
-    // Each new cell now costs a retirement.
-    for k in 8..40 {
-        pin_until_celled(&b, k, 8);
-    }
-    assert_eq!(b.stats().hit_cells_retired_total, 32);
-    assert_eq!(b.inner().hits.slots(), 16, "the table grew at its budget");
-    b.validate().unwrap();
-}
-
-/// A buffer of sixteen shards with room for 64 values and `cells` hit
-/// cells, and the first `n` keys of shard 0: each shard keeps a
-/// sixteenth of the cells, and a cell is in use for `cells` ticks.
-fn shard_of_many(
-    dir: &std::path::Path,
-    cells: usize,
-    n: usize,
-) -> (SpillBuffer<u64, Vec<f64>>, Vec<u64>) {
-    let b = SpillBuffer::builder(dir)
-        .memory_target(64 * W)
-        .shards(16)
-        .hit_cells(cells)
-        .build()
-        .unwrap();
-    let keys: Vec<u64> = (0..)
-        .filter(|k| b.inner().shard_of(k) == 0)
-        .take(n)
-        .collect();
-    for &k in &keys {
-        b.insert(k, value(k)).unwrap();
-    }
-    (b, keys)
-}
-
-/// A cell drawn at the budget while every other cell was hit since it
-/// was queued is retired at once, so that keys in use keep theirs; once
-/// the others are idle, the key keeps its cell and the oldest idle one
-/// goes.
-#[test]
-fn a_cell_drawn_while_all_others_are_in_use_goes_first() {
-    let dir = tempfile::tempdir().unwrap();
-    // Two cells in shard 0, in use for 32 ticks.
-    let (b, keys) = shard_of_many(dir.path(), 32, 3);
-    let [used, also_used, asker] = keys[..] else {
-        unreachable!()
-    };
-    let retired = || b.stats().hit_cells_retired_total;
-    let celled = || keys.iter().filter(|&&k| has_cell(&b, k)).count();
-    drop(hit(&b, used));
-    drop(hit(&b, also_used));
-    // The asker is pinned between hits of the others until drawn.
-    let mut asks = 0;
-    while retired() == 0 {
-        for k in [used, also_used] {
-            assert!(b.try_pin(&k).unwrap().is_hit(), "{k}'s cell went");
-        }
-        drop(b.try_pin(&asker).unwrap());
-        asks += 1;
-        assert!(asks < 1000, "no cell drawn in 1000 asks");
-    }
-    assert!(has_cell(&b, used) && has_cell(&b, also_used));
-    assert!(!has_cell(&b, asker), "the drawn cell stayed");
-    // Now the others are idle.
-    pin_until_celled(&b, asker, 2);
-    assert_eq!(celled(), 2);
-    assert!(!has_cell(&b, used), "the oldest idle cell stayed");
-    assert_eq!(retired(), 2);
-    b.validate().unwrap();
-}
-
-/// At the budget, only some keys that ask get a cell, so that keys pinned
-/// in turn, twice as many as the cells, keep cells across their cycles and
-/// about half their pins are hits; were every asker given one, each cell
-/// would be retired before its key came round again and no pin would be
-/// a hit.
-#[test]
-fn keys_pinned_in_turn_beyond_the_budget_keep_their_cells() {
-    let dir = tempfile::tempdir().unwrap();
-    const CELLS: usize = 8;
-    let b = buffer_with_cells(dir.path(), CELLS);
-    let keys = 2 * CELLS as u64;
-    for k in 0..keys {
-        b.insert(k, value(k)).unwrap();
-    }
-    let mut hits = 0;
-    for cycle in 0..300 {
-        for k in 0..keys {
-            let p = b.try_pin(&k).expect("resident");
-            assert_eq!(p[0], k as f64);
-            if cycle >= 200 && p.is_hit() {
-                hits += 1;
-            }
-        }
-        assert!(b.inner().hits.len() <= CELLS, "cycle {cycle}");
-    }
-    let pins = 100 * keys as usize;
-    assert!(
-        hits * 3 >= pins,
-        "{hits} hits of the last {pins} pins: cells turned over"
-    );
-    b.validate().unwrap();
-}
-
-/// A new set of keys pinned over and over, arriving when every cell is
-/// given to keys no longer used, takes their cells at its second pin
-/// through the shard: the cell to go has been idle for longer than the
-/// asker went between its pins. Were the askers drawn, one in 16, the
-/// third round would find one key in 16 with a cell.
-#[test]
-fn a_new_hot_set_takes_the_cells_of_an_idle_one_at_once() {
-    let dir = tempfile::tempdir().unwrap();
-    const CELLS: u64 = 8;
-    let b = buffer_with_cells(dir.path(), CELLS as usize);
-    for k in 0..2 * CELLS {
-        b.insert(k, value(k)).unwrap();
-    }
-    for k in 0..CELLS {
-        drop(hit(&b, k));
-    }
-    // One round: each new key pinned once; its hits.
-    let round = || {
-        (CELLS..2 * CELLS)
-            .filter(|k| {
-                let p = b.try_pin(k).expect("resident");
-                assert_eq!(p[0], *k as f64);
-                p.is_hit()
-            })
-            .count()
-    };
-    assert_eq!(round(), 0, "new keys had cells");
-    assert_eq!(round(), 0, "a key pinned once had a cell");
-    assert_eq!(round(), CELLS as usize, "the new set has no cells");
-    assert_eq!(b.inner().hits.len(), CELLS as usize);
-    assert!(
-        (0..CELLS).all(|k| !has_cell(&b, k)),
-        "an idle key kept its cell"
-    );
-    b.validate().unwrap();
-}
-
-/// A cell used within the last `hit_cells` ticks (a tick per use, for a
-/// single thread) is among the uses the budget covers, as in an LRU of
-/// that many cells: a key pinned twice in a row does not take its place
-/// but by the draw. Once that many uses of other keys have passed, it
-/// does.
-#[test]
-fn a_cell_used_within_the_budgets_ticks_stays_against_a_key_pinned_twice() {
-    let dir = tempfile::tempdir().unwrap();
-    // Sixteen shards of 8 cells: 128 ticks, far more than one shard's
-    // cells take to give.
-    const TOTAL: usize = 128;
-    let (b, mut keys) = shard_of_many(dir.path(), TOTAL, 9);
-    let asker = keys.pop().unwrap();
-    let celled = keys;
-    let elsewhere = (0..).find(|k| b.inner().shard_of(k) != 0).unwrap();
-    b.insert(elsewhere, value(elsewhere)).unwrap();
-    for &k in &celled {
-        assert_eq!(pin_until_celled(&b, k, TOTAL), 2, "{k}: under the budget");
-    }
-    let pin = |k: u64| {
-        let p = b.try_pin(&k).unwrap();
-        assert!(!p.is_hit(), "{k} had a cell");
-    };
-    pin(asker);
-    pin(asker);
-    assert!(
-        !has_cell(&b, asker),
-        "a key pinned twice took a cell in use"
-    );
-    for _ in 0..TOTAL {
-        drop(b.try_pin(&elsewhere).unwrap());
-    }
-    pin(asker);
-    assert!(has_cell(&b, asker), "the oldest cell outlived the budget");
-    assert!(!has_cell(&b, celled[0]), "the oldest cell stayed");
-    assert!(celled[1..].iter().all(|&k| has_cell(&b, k)));
-    b.validate().unwrap();
-}
-
-/// `Stats` counts the keys with a cell, the cells retired and the pins
-/// through a lock; hits are not counted.
-#[test]
-fn stats_count_cells_retirements_and_locked_pins() {
-    let dir = tempfile::tempdir().unwrap();
-    let b = buffer_with_cells(dir.path(), 2);
-    for k in 0..3 {
-        b.insert(k, value(k)).unwrap();
-    }
-    let counts = || {
-        let s = b.stats();
-        (s.hit_cells, s.hit_cells_retired_total, s.locked_pins_total)
-    };
-    assert_eq!(counts(), (0, 0, 0));
-    assert!(!b.stats().to_string().contains("pins through a lock"));
-    drop(hit(&b, 0));
-    assert_eq!(counts(), (1, 0, 2), "two pins through the lock, one hit");
-    drop(hit(&b, 1));
-    // Every cell given: 2 takes the one idle longest (0's) at its second
-    // pin, and 0 then pins through the lock.
-    let pins = pin_until_celled(&b, 2, 2) as u64;
-    drop(b.try_pin(&0).unwrap());
-    assert_eq!(counts(), (2, 1, 5 + pins));
-    assert!(b.try_pin(&2).unwrap().is_hit());
-    assert_eq!(counts(), (2, 1, 5 + pins));
+    let b = buffer_fitting(dir.path(), 8);
+    b.insert(0, value(0)).unwrap();
+    let locked = || b.stats().locked_pins_total;
+    assert_eq!(locked(), 0);
+    assert!(!b.stats().to_string().contains("pins through a write lock"));
+    let first = hit(&b, 0);
+    assert_eq!(locked(), 0, "a hit was counted");
+    // Leased (off its list), the entry takes the write lock.
+    b.evict(W);
+    let second = b.try_pin(&0).unwrap();
+    assert!(!second.is_hit());
+    assert_eq!(locked(), 1);
+    drop((first, second));
+    assert!(hit(&b, 0)[0] == 0.0, "unpinned, it is listed again");
     let shown = b.stats().to_string();
-    assert!(
-        shown.contains(&format!(
-            "pins through a lock: {}; hit cells: 2 (1 retired)",
-            5 + pins
-        )),
-        "{shown}"
-    );
-    b.validate().unwrap();
-}
-
-/// With no cells, every pin takes the shard's path, and keeps every
-/// promise of a pin.
-#[test]
-fn with_no_cells_every_pin_takes_the_shard() {
-    let dir = tempfile::tempdir().unwrap();
-    let b = buffer_with_cells(dir.path(), 0);
-    b.insert(1, value(1)).unwrap();
-    drop(b.try_pin(&1).unwrap());
-    let p = b.try_pin(&1).unwrap();
-    assert!(!p.is_hit());
-    assert_eq!(p[0], 1.0);
-    drop(p);
-    assert_eq!(b.inner().hits.len(), 0);
+    assert!(shown.contains("pins through a write lock: 1"), "{shown}");
     b.validate().unwrap();
 }
 

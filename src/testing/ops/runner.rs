@@ -52,7 +52,6 @@ impl Runner {
             })
             .io_threads(cfg.io_threads)
             .shards(cfg.shards)
-            .hit_cells(cfg.hit_cells)
             .segment_size(SEGMENT_SIZE)
             .compact_below(cfg.compact_below);
         if cfg.limit_double {
