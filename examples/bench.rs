@@ -181,6 +181,23 @@ fn thread_cpu_ns() -> u64 {
         .unwrap_or(0)
 }
 
+/// CPU time, in ns, of every thread of this process but the caller (the
+/// IO pool's, while one buffer lives).
+fn other_threads_cpu_ns() -> u64 {
+    let me = std::fs::read_link("/proc/thread-self")
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_owned()));
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter(|t| Some(t.file_name()) != me)
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
 /// `t` threads' ops/s over one thread's (1 for one thread, or when the
 /// run had no one-thread line).
 fn scaling_of(ops: f64, one_thread: f64, t: usize) -> f64 {
@@ -674,6 +691,9 @@ fn spill(o: &Opts, kind: &str, size: usize, count: usize) {
     let total = (count * size) as f64;
     let (mut bps, mut raws, mut lat, mut stored) = (Vec::new(), Vec::new(), Vec::new(), 0u64);
     let mut pool_secs = (0.0, 0.0);
+    // CPU per value written: the caller's (insert, eviction choice) and
+    // the IO pool's (encode, checksum, write, bookkeeping).
+    let (mut caller_us, mut pool_us) = (Vec::new(), Vec::new());
     for rep in 0..o.repeat {
         // Alternate which goes first, so neither always meets the other's
         // writeback.
@@ -689,15 +709,22 @@ fn spill(o: &Opts, kind: &str, size: usize, count: usize) {
             }
             let b = buffer(o, target);
             let mut l = Vec::with_capacity(count);
+            let pool0 = other_threads_cpu_ns();
             let start = Instant::now();
+            let cpu0 = thread_cpu_ns();
             for (i, v) in values.into_iter().enumerate() {
                 let t0 = Instant::now();
                 b.insert(i as u64, v).unwrap();
                 l.push(t0.elapsed().as_nanos() as u64);
             }
+            let caller = thread_cpu_ns() - cpu0;
             b.flush_blocking().unwrap();
             let secs = start.elapsed().as_secs_f64();
+            let pool = other_threads_cpu_ns().saturating_sub(pool0);
             let st = b.stats();
+            let written = st.spill_count_total.max(1) as f64;
+            caller_us.push(caller as f64 / 1e3 / count as f64);
+            pool_us.push(pool as f64 / 1e3 / written);
             // Only the values written count, for the crate as for raw.
             bps.push((st.spill_count_total as usize * size) as f64 / secs);
             lat.extend(l);
@@ -726,6 +753,8 @@ fn spill(o: &Opts, kind: &str, size: usize, count: usize) {
                 "ratio_paired_median": paired,
                 "io_pool_spill_seconds_last_run": pool_secs.0,
                 "wall_seconds_last_run": pool_secs.1,
+                "caller_cpu_us_per_value": (median(&mut caller_us) * 100.0).round() / 100.0,
+                "io_pool_cpu_us_per_written_value": (median(&mut pool_us) * 100.0).round() / 100.0,
             }),
         },
     );
@@ -760,7 +789,8 @@ fn paired_median(own: &[f64], raw: &[f64]) -> f64 {
 /// value must be; `raw_fresh_vec_crc` also checksums each 256 KiB piece,
 /// the least a read that checks its data does. As the pipelined reads use
 /// the pool's threads, its line also compares against the reused-buffer
-/// read and the checked read on that many threads (`raw_threads_*`).
+/// read, the fresh-`Vec` read and the checked read on that many threads
+/// (`raw_threads_*`).
 fn unspill(o: &Opts, which: Unspill, order: &str, size: usize, count: usize) {
     use common::RawRead;
     reset_peak();
@@ -791,6 +821,7 @@ fn unspill(o: &Opts, which: Unspill, order: &str, size: usize, count: usize) {
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut piped, mut raw_threads, mut crc_threads, mut piped_lat) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut fresh_threads = Vec::new();
     let mut disk_reads = 0;
     for _ in 0..o.repeat {
         raws.push(raw_bps(RawRead::Reused, 1));
@@ -811,6 +842,7 @@ fn unspill(o: &Opts, which: Unspill, order: &str, size: usize, count: usize) {
         }
         raw_threads.push(raw_bps(RawRead::Reused, o.io_threads));
         crc_threads.push(raw_bps(RawRead::FreshVecCrc, o.io_threads));
+        fresh_threads.push(raw_bps(RawRead::FreshVec, o.io_threads));
         let before = b.stats().unspill_count_total;
         let start = Instant::now();
         let l = rt.block_on(common::pin_window(&b, &reads, o.window));
@@ -823,7 +855,12 @@ fn unspill(o: &Opts, which: Unspill, order: &str, size: usize, count: usize) {
     let _ = std::fs::remove_file(path);
     // Paired ratios first: `median` sorts its input.
     let paired = |own: &[f64], raw: &[f64]| (!own.is_empty()).then(|| paired_median(own, raw));
-    let (get_raw, get_floor) = (paired(&bps, &raws), paired(&bps, &fresh_crc));
+    let (get_raw, get_fresh, get_floor) = (
+        paired(&bps, &raws),
+        paired(&bps, &fresh),
+        paired(&bps, &fresh_crc),
+    );
+    let pin_fresh = paired(&piped, &fresh_threads);
     let (pin_raw, pin_threads, pin_floor) = (
         paired(&piped, &raws),
         paired(&piped, &raw_threads),
@@ -845,6 +882,7 @@ fn unspill(o: &Opts, which: Unspill, order: &str, size: usize, count: usize) {
     if which == Unspill::Both {
         let extra = json!({
             "raw_fresh_vec_bytes_per_s": median(&mut fresh).round(),
+            "ratio_to_fresh_vec_paired_median": get_fresh,
             "ratio_paired_median": get_raw,
             "raw_fresh_vec_crc_bytes_per_s": median(&mut fresh_crc).round(),
             "ratio_to_fresh_vec_crc_paired_median": get_floor,
@@ -860,6 +898,8 @@ fn unspill(o: &Opts, which: Unspill, order: &str, size: usize, count: usize) {
         "raw_threads": o.io_threads,
         "raw_threads_bytes_per_s": median(&mut raw_threads).round(),
         "ratio_to_raw_threads_paired_median": pin_threads,
+        "raw_threads_fresh_vec_bytes_per_s": median(&mut fresh_threads).round(),
+        "ratio_to_threads_fresh_vec_paired_median": pin_fresh,
         "raw_threads_fresh_vec_crc_bytes_per_s": median(&mut crc_threads).round(),
         "ratio_to_threads_checked_floor_paired_median": pin_floor,
         "disk_reads_last_run": disk_reads,

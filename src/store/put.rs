@@ -44,47 +44,64 @@ impl<K: Clone + Debug> Store<K> {
         })
     }
 
-    /// Write small values: each is encoded and sealed into one buffer, and
-    /// the buffer written with one call per [`BATCH_BYTES`] (within one
-    /// segment). `done(i, result)` is called for `items[i]` as soon as its
-    /// fate is known. A value that fails to encode fails alone; if a
-    /// packed write fails, its records are tried one by one, exactly as
-    /// unbatched writes would be, so that one record's fate does not hang
-    /// on its neighbours' (a budget that fits some, a fault that cleared).
-    pub(crate) fn put_batch<V: Spill>(
+    /// Write small values, packed: one call per [`BATCH_BYTES`] of records
+    /// (within one segment). A value whose memory is its encoding
+    /// ([`Spill::as_encoded`]) and that stays raw is written from where it
+    /// is, behind its header, with no copy; the others are encoded and
+    /// sealed into one buffer. `done(i, result)` is called for `items[i]`
+    /// as soon as its fate is known. A value that fails to encode fails
+    /// alone; if a packed write fails, its records are tried one by one,
+    /// exactly as unbatched writes would be, so that one record's fate does
+    /// not hang on its neighbours' (a budget that fits some, a fault that
+    /// cleared).
+    pub(crate) fn put_batch<'v, V: Spill>(
         &self,
-        items: &[(&K, &V)],
+        items: &[(&K, &'v V)],
         mut done: impl FnMut(usize, Result<DiskLoc>),
     ) {
         let batch_limit = BATCH_BYTES.min(self.segment_size() as usize);
         with_scratch(|sc| {
             sc.batch.clear();
-            // (item, record length) of the records in `sc.batch`.
-            let mut packed: Vec<(usize, u64)> = Vec::new();
+            // The records gathered for the next write, and their bytes.
+            let mut packed: Vec<Packed<'v>> = Vec::new();
+            let mut bytes = 0;
             for (i, &(key, value)) in items.iter().enumerate() {
                 let res = self
                     .check_budget(record::HEADER as u64)
-                    .and_then(|()| self.encode_record(key, value, sc));
-                match res {
-                    Ok((len, in_b)) => {
-                        // A larger write would get a file of its own, and
-                        // the space bound of compaction assumes
-                        // segment-sized files.
-                        if !packed.is_empty() && sc.batch.len() + len > batch_limit {
-                            self.write_packed(
-                                items,
-                                &std::mem::take(&mut packed),
-                                &sc.batch,
-                                &mut done,
-                            );
-                            sc.batch.clear();
-                        }
+                    .and_then(|()| self.small_record(key, value, sc));
+                let rec = match res {
+                    Ok(rec) => rec,
+                    Err(e) => {
+                        done(i, Err(e));
+                        continue;
+                    }
+                };
+                // A larger write would get a file of its own, and the space
+                // bound of compaction assumes segment-sized files.
+                if !packed.is_empty() && bytes + rec.len() > batch_limit {
+                    self.write_packed(items, &packed, &sc.batch, &mut done);
+                    packed.clear();
+                    sc.batch.clear();
+                    bytes = 0;
+                }
+                bytes += rec.len();
+                let start = sc.batch.len();
+                let own = match rec {
+                    Small::Sealed { len, in_b } => {
                         let rec = if in_b { &sc.b } else { &sc.a };
                         sc.batch.extend_from_slice(&rec[..len]);
-                        packed.push((i, len as u64));
+                        &[][..]
                     }
-                    Err(e) => done(i, Err(e)),
-                }
+                    Small::Own { head, payload } => {
+                        sc.batch.extend_from_slice(&head);
+                        payload
+                    }
+                };
+                packed.push(Packed {
+                    item: i,
+                    in_batch: start..sc.batch.len(),
+                    own,
+                });
             }
             if !packed.is_empty() {
                 self.write_packed(items, &packed, &sc.batch, &mut done);
@@ -93,33 +110,83 @@ impl<K: Clone + Debug> Store<K> {
         });
     }
 
+    /// One small value as a record: a header for its own memory when that
+    /// is its encoding and lz4 does not pay, else sealed whole in scratch.
+    fn small_record<'v, V: Spill>(
+        &self,
+        key: &K,
+        value: &'v V,
+        sc: &mut Scratch,
+    ) -> Result<Small<'v>> {
+        // A panic here falls back to `encode`, which reports it.
+        let Some(bytes) = catch_unwind(AssertUnwindSafe(|| value.as_encoded()))
+            .ok()
+            .flatten()
+        else {
+            let (len, in_b) = self.encode_record(key, value, sc)?;
+            return Ok(Small::Sealed { len, in_b });
+        };
+        let raw_len = bytes.len() as u64;
+        if self.compression() == Compression::Lz4 {
+            if let Some(n) = codec::compress_into(bytes, &mut sc.b, record::HEADER) {
+                record::seal(&mut sc.b[..record::HEADER + n], Codec::Lz4, raw_len);
+                return Ok(Small::Sealed {
+                    len: record::HEADER + n,
+                    in_b: true,
+                });
+            }
+        }
+        let mut head = [0u8; record::HEADER];
+        record::seal_header(&mut head, Codec::Raw, bytes, raw_len);
+        Ok(Small::Own {
+            head,
+            payload: bytes,
+        })
+    }
+
+    /// Write the records `packed` (laid out in `buf` and in their values'
+    /// memory) with one call, adjacent ranges of `buf` as one piece.
     fn write_packed<V>(
         &self,
         items: &[(&K, &V)],
-        packed: &[(usize, u64)],
+        packed: &[Packed<'_>],
         buf: &[u8],
         done: &mut impl FnMut(usize, Result<DiskLoc>),
     ) {
-        let records: Vec<(&K, u64)> = packed.iter().map(|&(i, len)| (items[i].0, len)).collect();
-        match self.write_records(&[buf], &records) {
+        let mut pieces: Vec<&[u8]> = Vec::with_capacity(2 * packed.len());
+        let mut open: Option<std::ops::Range<usize>> = None;
+        for p in packed {
+            open = Some(match open.take() {
+                Some(o) if o.end == p.in_batch.start => o.start..p.in_batch.end,
+                o => {
+                    pieces.extend(o.map(|o| &buf[o]));
+                    p.in_batch.clone()
+                }
+            });
+            if !p.own.is_empty() {
+                pieces.extend(open.take().map(|o| &buf[o]));
+                pieces.push(p.own);
+            }
+        }
+        pieces.extend(open.map(|o| &buf[o]));
+        let records: Vec<(&K, u64)> = packed.iter().map(|p| (items[p.item].0, p.len())).collect();
+        match self.write_records(&pieces, &records) {
             Ok(locs) => {
-                for (&(i, _), loc) in packed.iter().zip(locs) {
-                    done(i, Ok(loc));
+                for (p, loc) in packed.iter().zip(locs) {
+                    done(p.item, Ok(loc));
                 }
             }
             // A full disk fails them all alike: one by one they would
             // only fill the last partial block, each failure counted.
             Err(e) if packed.len() > 1 && !matches!(e, Error::DiskFull { .. }) => {
-                let mut at = 0usize;
-                for &(i, len) in packed {
-                    let rec = &buf[at..at + len as usize];
-                    at += len as usize;
-                    done(i, self.write(items[i].0, rec));
+                for p in packed {
+                    let rec = [&buf[p.in_batch.clone()], p.own];
+                    done(p.item, self.write_pieces(items[p.item].0, &rec));
                 }
             }
             Err(e) => {
-                for &(i, _) in packed {
-                    done(i, Err(e.clone()));
+                for p in packed {
+                    done(p.item, Err(e.clone()));
                 }
             }
         }
@@ -180,7 +247,7 @@ impl<K: Clone + Debug> Store<K> {
                 return res;
             }
         }
-        // Two pieces, header then payload, with one syscall each, rather
+        // Two pieces, header then payload, in one `pwritev()`, rather
         // than checksumming and writing 256 KiB pieces in turn: that would
         // read the value once instead of twice, but make 17 syscalls, each
         // taking the file's write lock and the dirty-page throttling
@@ -223,6 +290,42 @@ impl<K: Clone + Debug> Store<K> {
             })
             .collect();
         self.write_pieces(key, &all)
+    }
+}
+
+/// A small value's record, before it joins a packed write.
+enum Small<'v> {
+    /// Sealed whole in scratch: `len` bytes of `sc.b` if `in_b`, else of
+    /// `sc.a`.
+    Sealed { len: usize, in_b: bool },
+    /// A header for a raw payload written from the value's own memory.
+    Own {
+        head: [u8; record::HEADER],
+        payload: &'v [u8],
+    },
+}
+
+impl Small<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Small::Sealed { len, .. } => *len,
+            Small::Own { head, payload } => head.len() + payload.len(),
+        }
+    }
+}
+
+/// One record of a packed write: its bytes in the batch buffer (the
+/// header, or the whole record when it was sealed in scratch), then those
+/// left in the value's own memory (the payload, or nothing).
+struct Packed<'v> {
+    item: usize,
+    in_batch: std::ops::Range<usize>,
+    own: &'v [u8],
+}
+
+impl Packed<'_> {
+    fn len(&self) -> u64 {
+        (self.in_batch.len() + self.own.len()) as u64
     }
 }
 
@@ -375,6 +478,36 @@ mod tests {
         let err = s.get::<Frames>(&7, loc).unwrap_err();
         assert!(matches!(err, Error::Corrupt { .. }), "{err}");
         assert!(err.to_string().contains('7'), "{err}");
+    }
+
+    /// A packed batch mixes records written from the values' own memory
+    /// (raw), sealed in scratch (lz4) and empty ones, over several writes
+    /// and segments; each reads back as it went in, with its codec.
+    #[test]
+    fn a_packed_batch_of_raw_lz4_and_empty_records_reads_back() {
+        for compression in [Compression::None, Compression::Lz4] {
+            let tmp = tempfile::tempdir().unwrap();
+            let s = store(tmp.path(), compression);
+            let values: Vec<Vec<u8>> = (0..700u64)
+                .map(|i| match i % 3 {
+                    0 => noise(i, 4096),
+                    1 => vec![(i % 7) as u8; 16_384],
+                    _ => noise(i, (i % 5) as usize),
+                })
+                .collect();
+            let keys: Vec<u32> = (0..values.len() as u32).collect();
+            let items: Vec<(&u32, &Vec<u8>)> = keys.iter().zip(&values).collect();
+            let mut locs = vec![None; items.len()];
+            s.put_batch(&items, |i, res| locs[i] = Some(res.unwrap()));
+            for (i, v) in values.iter().enumerate() {
+                let loc = locs[i].expect("every item reported");
+                let lz4 = compression == Compression::Lz4 && i % 3 == 1;
+                let want = if lz4 { Codec::Lz4 } else { Codec::Raw };
+                assert_eq!(codec_of(&s, loc), want as u8, "{compression:?} {i}");
+                assert_eq!(&s.get::<Vec<u8>>(&(i as u32), loc).unwrap(), v);
+            }
+            s.validate().unwrap();
+        }
     }
 
     #[test]

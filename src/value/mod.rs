@@ -38,9 +38,10 @@ pub trait Spill: Sized + Send + Sync + 'static {
     fn decode(bytes: &[u8]) -> Result<Self, BoxError>;
 
     /// The encoded form as one borrowed slice, for a value whose memory
-    /// already is its encoding (what `encode` would append). A large value
-    /// is then written to disk straight from its own memory rather than
-    /// copied into a buffer first. Must agree with `encode`.
+    /// already is its encoding (what `encode` would append). The value is
+    /// then written to disk straight from its own memory rather than
+    /// copied into a buffer first (a small one as one piece of a packed
+    /// write). Must agree with `encode`.
     /// Defaults to: `None` (the value is encoded into a buffer).
     fn as_encoded(&self) -> Option<&[u8]> {
         None
