@@ -34,6 +34,9 @@ from report import print_report  # noqa: E402
 from workloads import WORKLOADS  # noqa: E402
 
 MICRO = "micro"
+# Beyond a run's workload timeout: its cluster's start and close. A run
+# process still there after that is killed with its process group.
+GRACE = 120
 
 
 def variants(mappings: list[str], plugin: str) -> list[tuple[str, str]]:
@@ -83,8 +86,7 @@ def run_one(workload: str, mapping: str, plugin: str, seed: int, options: list[s
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
         try:
-            # The child stops its workload at `timeout`; give it time to close its cluster.
-            stdout, _ = proc.communicate(timeout=timeout + 60)
+            stdout, _ = proc.communicate(timeout=timeout + GRACE)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
