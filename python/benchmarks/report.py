@@ -86,13 +86,16 @@ def failures(runs: list[dict]) -> list[str]:
     for r in runs:
         if r.get("ok"):
             continue
+        error = str(r.get("error"))
+        # KilledWorker's message goes on with advice after its first sentence.
+        error = error.split(". Inspecting")[0].split(" The last worker")[0]
         lines.append(
-            f"- {r['workload']}, {label(r)}, run {r.get('run', '?')}: {r.get('error')} "
+            f"- {r['workload']}, {label(r)}, run {r.get('run', '?')}: {error} "
             f"(workers lost {r.get('workers_lost', '?')}, pauses {r.get('pauses', '?')}, "
             f"peak RSS {_fmt(r.get('peak_rss_mib'))} MiB, after {_fmt(r.get('wall_s'))} s)"
             + (f"; log {r['log']}" if r.get("log") else "")
         )
-        lines += [f"    {line}" for line in r.get("log_excerpt", [])[:3]]
+        lines += [f"  `{line[:200]}`" for line in r.get("log_excerpt", [])[:2]]
     return lines
 
 

@@ -21,6 +21,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import signal
 import subprocess
 import sys
@@ -147,7 +148,7 @@ def main() -> None:
     header = {
         "suite": "dask-workloads",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(sys.argv),
+        "command": shlex.join(["python", *sys.argv]),
         "python": platform.python_version(),
         "dask": dask.__version__,
         "distributed": distributed.__version__,
