@@ -136,7 +136,8 @@ def print_report(rows: list[dict]) -> None:
     for h in headers[:1]:
         print(f"{h['date']}, `{h['command']}`; python {h['python']}, dask {h['dask']}, distributed "
               f"{h['distributed']}, {h['cpus']} CPUs, {h['ram_gib']} GiB RAM"
-              + (f"; {h['label']}" if h.get("label") else ""))
+              + (f"; {h['label']}" if h.get("label") else "")
+              + (f"; native module sha256 {h['spillbuffer_native_sha256']}" if h.get("spillbuffer_native_sha256") else ""))
     loads = [r["load"] for r in rows if "load" in r]
     if loads:
         print(f"load average (1 min) at the end of each run: {min(loads)}–{max(loads)}, median {statistics.median(loads)}")

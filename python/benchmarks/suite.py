@@ -110,6 +110,17 @@ def run_one(workload: str, mapping: str, plugin: str, seed: int, options: list[s
     return out
 
 
+def native_digest() -> str:
+    """The first hex digits of the installed native module's SHA-256: which
+    build ran, when several are installed over time."""
+    import hashlib
+
+    import spillbuffer._native as native
+
+    with open(native.__file__, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:16]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -153,6 +164,7 @@ def main() -> None:
         "dask": dask.__version__,
         "distributed": distributed.__version__,
         "spillbuffer": getattr(spillbuffer, "__version__", "?"),
+        "spillbuffer_native_sha256": native_digest(),
         "cpus": os.cpu_count(),
         "ram_gib": round(psutil.virtual_memory().total / (1 << 30)),
         "label": args.label,
