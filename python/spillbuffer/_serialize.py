@@ -39,6 +39,10 @@ def _as_bytes_frame(frame):
     """A C-contiguous unsigned-byte view of ``frame`` (copying only a frame
     that is not contiguous)."""
     view = memoryview(frame)
+    if view.nbytes == 0:
+        # An empty frame (an empty pandas piece, say): a view with a zero
+        # in its shape or strides cannot be cast.
+        return memoryview(b"")
     if view.c_contiguous:
         return view.cast("B") if view.format != "B" or view.ndim != 1 else view
     return memoryview(bytes(view))

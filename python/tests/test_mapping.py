@@ -135,6 +135,17 @@ def test_values_of_any_kind_survive_disk(make):
             assert got == v
 
 
+@pytest.mark.parametrize("empty", [np.zeros((0, 3)), np.array([], dtype="f8")])
+def test_empty_frames_serialize(empty):
+    # An empty frame (an empty dataframe piece of a shuffle, say) is a view
+    # with a zero in its shape, which cannot be cast to bytes: it used to
+    # fail to serialize, so its value could never be spilled.
+    assert _serialize._as_bytes_frame(empty).nbytes == 0
+    frames = _serialize.Dumps()(empty)
+    back = _serialize.loads(frames)
+    assert back.shape == empty.shape and back.dtype == empty.dtype
+
+
 def root_base(a):
     """What owns an array's memory, following views (arrays' bases and
     memoryviews' objects)."""
