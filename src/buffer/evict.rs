@@ -26,6 +26,7 @@ use super::Key;
 use crate::metrics::Metrics;
 use crate::value::Spill;
 use std::sync::atomic::{fence, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// A dirty entry is evicted before a clean one only when it is more than
@@ -75,24 +76,29 @@ impl<K: Key, V: Spill> Inner<K, V> {
     /// target after a write ends) would otherwise both evict for it, and
     /// memory would fall below the target by a value each time. The
     /// second waits for the first, then finds the excess gone. The wait is
-    /// for CPU work only: an eviction drops clean values and queues
-    /// writes, it does no IO. The lock is re-entrant, since a value
-    /// dropped here may hold a pin of this buffer whose release evicts in
-    /// turn.
+    /// for CPU work only: an eviction takes values out of the index and
+    /// queues writes, it does no IO. The values evicted are dropped after
+    /// the lock is released: a value's drop is the host's code (a Python
+    /// object's release waits for the GIL), which must never run while
+    /// another thread may be waiting for this lock. The lock is
+    /// re-entrant all the same, for a re-entrant eviction from a value's
+    /// drop on a thread that already holds it.
     pub(crate) fn evict_to_target(&self) {
         // Pairs with the fence in `check_target`: a change this thread
         // made before is seen by a thread checking after it, or this
         // thread sees that thread's change whole.
         fence(SeqCst);
+        let mut evicted = Vec::new();
         if self.over_target() > 0 {
             let _one = self.evicting.lock();
             let writes = self.backoff.allows_writes();
             while self.over_target() > 0 {
-                if self.evict_one(writes).is_none() {
+                if self.evict_one(writes, &mut evicted).is_none() {
                     break;
                 }
             }
         }
+        evicted.into_iter().for_each(|v| self.drop_value(v));
         self.wake_mem_waiters();
     }
 
@@ -112,12 +118,14 @@ impl<K: Key, V: Spill> Inner<K, V> {
     /// of the values dropped or queued for writing.
     pub(crate) fn evict_bytes(&self, bytes: usize) -> usize {
         let mut done = 0;
+        let mut evicted = Vec::new();
         while done < bytes {
-            match self.evict_one(true) {
+            match self.evict_one(true, &mut evicted) {
                 Some(w) => done += w,
                 None => break,
             }
         }
+        evicted.into_iter().for_each(|v| self.drop_value(v));
         self.wake_mem_waiters();
         done
     }
@@ -135,8 +143,19 @@ impl<K: Key, V: Spill> Inner<K, V> {
         if w > target {
             return false;
         }
-        // Not while `evict_to_target` runs, which may be dropping values
-        // for part of the same excess.
+        // Not while `evict_to_target` runs, which may be evicting values
+        // for part of the same excess. The values dropped here are let go
+        // of after the lock is released (see `evict_to_target`).
+        let mut evicted = Vec::new();
+        let room = self.drop_clean_locked(w, asked, &mut evicted);
+        evicted.into_iter().for_each(|v| self.drop_value(v));
+        room
+    }
+
+    /// [`drop_clean_for`](Self::drop_clean_for) under the eviction lock,
+    /// the values taken out left in `evicted` for the caller to drop.
+    fn drop_clean_locked(&self, w: usize, asked: u64, evicted: &mut Vec<Arc<V>>) -> bool {
+        let target = self.target();
         let _one = self.evicting.lock();
         let mut moved = 0;
         loop {
@@ -153,10 +172,11 @@ impl<K: Key, V: Spill> Inner<K, V> {
                 return false;
             }
             match self.with_shard(s, |shard| shard.evict_tail(ListKind::Clean, Some(tick))) {
-                Some((_, after)) => {
+                Some((_, mut after)) => {
                     if after.clean_eviction {
                         Metrics::add(&self.metrics.clean_evictions, 1);
                     }
+                    evicted.extend(after.drop.take());
                     self.act(s, after);
                 }
                 // Another thread moved that tail meanwhile: look again, a
@@ -184,8 +204,9 @@ impl<K: Key, V: Spill> Inner<K, V> {
 
     /// Evict the entry [`choose`] picks: drop it if clean, queue its write
     /// if dirty (only if `writes`). Returns its weight, or `None` when
-    /// nothing is evictable.
-    fn evict_one(&self, writes: bool) -> Option<usize> {
+    /// nothing is evictable. A value taken out of the index goes to
+    /// `evicted`, for the caller to drop once it holds no lock.
+    fn evict_one(&self, writes: bool, evicted: &mut Vec<Arc<V>>) -> Option<usize> {
         for attempt in 0.. {
             let clean = self.oldest_tail(ListKind::Clean);
             let dirty = self.oldest_tail(ListKind::Dirty);
@@ -208,10 +229,11 @@ impl<K: Key, V: Spill> Inner<K, V> {
             // few times, then take what the shard has.
             let expect = (attempt < 8).then_some(tick);
             let taken = self.with_shard(s, |shard| shard.evict_tail(kind, expect));
-            if let Some((w, after)) = taken {
+            if let Some((w, mut after)) = taken {
                 if after.clean_eviction {
                     Metrics::add(&self.metrics.clean_evictions, 1);
                 }
+                evicted.extend(after.drop.take());
                 self.act(s, after);
                 return Some(w);
             }
