@@ -101,6 +101,9 @@ pub(crate) struct HitPins<V> {
     word: AtomicU64,
     /// Tick of the latest release of a pin (or of the last link).
     last_use: AtomicU64,
+    /// The entry's value: the same for the life of its hit pins, which
+    /// the entry lets go of when the value leaves memory.
+    value: Arc<V>,
     /// Where the entry is (shard, slot, version): fixed for its life.
     at: PinAt,
     /// The entry's weight, for the pinned gauge.
@@ -109,11 +112,13 @@ pub(crate) struct HitPins<V> {
 }
 
 impl<V> HitPins<V> {
-    /// Closed, with no pin, for the entry at `at` weighing `weight`.
-    pub(crate) fn new(ctx: Arc<HitContext<V>>, at: PinAt, weight: usize) -> Self {
+    /// Closed, with no pin, for the entry at `at` holding `value` of
+    /// `weight`.
+    pub(crate) fn new(ctx: Arc<HitContext<V>>, at: PinAt, value: Arc<V>, weight: usize) -> Self {
         HitPins {
             word: AtomicU64::new(0),
             last_use: AtomicU64::new(0),
+            value,
             at,
             weight: weight as isize,
             ctx,
@@ -178,6 +183,11 @@ impl<V> HitPins<V> {
     /// gone.
     pub(crate) fn owner(&self) -> Option<Arc<dyn PinOwner<V>>> {
         self.ctx.owner.upgrade()
+    }
+
+    /// The value, for the holder of a pin.
+    pub(crate) fn value(&self) -> &Arc<V> {
+        &self.value
     }
 
     /// Where the entry is.
@@ -251,8 +261,8 @@ mod tests {
     impl PinOwner<u8> for NoOwner {
         fn repin(&self, _: PinAt) {}
         fn unpin(&self, _: PinAt, _: bool, _: Arc<u8>) {}
-        fn end_lease(&self, _: &HitPins<u8>) {}
-        fn consume_hit(&self, pins: &HitPins<u8>) {
+        fn end_lease(&self, _: Arc<HitPins<u8>>) {}
+        fn consume_hit(&self, pins: Arc<HitPins<u8>>) {
             pins.release(false);
         }
     }
@@ -264,7 +274,7 @@ mod tests {
             slot: 0,
             version: 1,
         };
-        HitPins::new(Arc::new(HitContext::new(owner, 1)), at, 8)
+        HitPins::new(Arc::new(HitContext::new(owner, 1)), at, Arc::new(0), 8)
     }
 
     #[test]

@@ -491,17 +491,21 @@ impl<K: Key, V: Spill> Inner<K, V> {
     /// A release of a pin of `hits` that needs the shard: the end of its
     /// lease (its last pin released already), or a consume (`consume`:
     /// the release happens here).
-    fn release_hit(&self, hits: &HitPins<V>, consume: bool) {
+    fn release_hit(&self, hits: Arc<HitPins<V>>, consume: bool) {
         let target = self.target();
         let s = hits.at().shard as usize;
         let freed = self.with_shard(s, |shard| {
             let tick = || self.next_tick(s);
             if consume {
-                shard.consume_hit(hits, target, tick)
+                shard.consume_hit(&hits, target, tick)
             } else {
-                shard.lease_ended(hits, false, target, tick)
+                shard.lease_ended(&hits, false, target, tick)
             }
         });
+        // The guard's handle (with the value) goes first, so that the
+        // entry's, if freed, is the last one and the free happens on the
+        // pool.
+        drop(hits);
         self.after_unpin(freed);
     }
 }
@@ -523,11 +527,11 @@ impl<K: Key, V: Spill> PinOwner<V> for Inner<K, V> {
         self.after_unpin(freed);
     }
 
-    fn end_lease(&self, hits: &HitPins<V>) {
+    fn end_lease(&self, hits: Arc<HitPins<V>>) {
         self.release_hit(hits, false);
     }
 
-    fn consume_hit(&self, hits: &HitPins<V>) {
+    fn consume_hit(&self, hits: Arc<HitPins<V>>) {
         self.release_hit(hits, true);
     }
 }

@@ -27,12 +27,14 @@ pub(crate) trait PinOwner<V>: Send + Sync {
     /// the caller's thread.
     fn unpin(&self, at: PinAt, consume: bool, value: Arc<V>);
     /// The last pin of a lease of `pins` was released: give the lease
-    /// back (see [`crate::buffer::hit`]).
-    fn end_lease(&self, pins: &HitPins<V>);
+    /// back (see [`crate::buffer::hit`]). The guard's handle on `pins`
+    /// comes along, so that when it holds the last handle on the value
+    /// but the entry's, it goes first and the entry's is the last one.
+    fn end_lease(&self, pins: Arc<HitPins<V>>);
     /// Release one pin of `pins`, consuming: the entry goes first in
     /// line, as [`PinOwner::unpin`] with `consume` does. Returns whether
     /// that release ended a lease.
-    fn consume_hit(&self, pins: &HitPins<V>);
+    fn consume_hit(&self, pins: Arc<HitPins<V>>);
 }
 
 /// The outcome sent to a reader waiting on a disk read.
@@ -78,10 +80,7 @@ enum Hold<V> {
         owner: Arc<dyn PinOwner<V>>,
         at: PinAt,
     },
-    Hit {
-        value: Arc<V>,
-        pins: Arc<HitPins<V>>,
-    },
+    Hit(Arc<HitPins<V>>),
 }
 
 impl<V> Pinned<V> {
@@ -93,9 +92,9 @@ impl<V> Pinned<V> {
     }
 
     /// A guard for a pin of `pins` already taken.
-    pub(crate) fn of_hit(value: Arc<V>, pins: Arc<HitPins<V>>) -> Self {
+    pub(crate) fn of_hit(pins: Arc<HitPins<V>>) -> Self {
         Pinned {
-            hold: Some(Hold::Hit { value, pins }),
+            hold: Some(Hold::Hit(pins)),
         }
     }
 
@@ -105,25 +104,23 @@ impl<V> Pinned<V> {
 
     fn arc(&self) -> &Arc<V> {
         match self.hold() {
-            Hold::Entry { value, .. } | Hold::Hit { value, .. } => value,
+            Hold::Entry { value, .. } => value,
+            Hold::Hit(pins) => pins.value(),
         }
     }
 
     fn release(&mut self, consume: bool) {
         match self.hold.take() {
             Some(Hold::Entry { value, owner, at }) => owner.unpin(at, consume, value),
-            Some(Hold::Hit { value, pins }) => {
-                // The guard's handle goes first, so that the entry's (if
-                // the shard frees it) is the last one.
-                drop(value);
+            Some(Hold::Hit(pins)) => {
                 // A consume goes through the shard, which orders it; a
                 // plain release needs the shard only to end a lease.
                 if let Some(owner) = consume.then(|| pins.owner()).flatten() {
-                    owner.consume_hit(&pins);
+                    owner.consume_hit(pins);
                 } else if pins.release(!consume) == Released::EndLease {
                     // The buffer may be gone: the lease ends here then.
                     if let Some(owner) = pins.owner() {
-                        owner.end_lease(&pins);
+                        owner.end_lease(pins);
                     }
                 }
             }
@@ -146,14 +143,14 @@ impl<V> Pinned<V> {
     /// Whether this pin was taken under the shard's read lock.
     #[cfg(test)]
     pub(crate) fn is_hit(&self) -> bool {
-        matches!(self.hold(), Hold::Hit { .. })
+        matches!(self.hold(), Hold::Hit(_))
     }
 
     /// The version of the entry this pin was made for.
     pub(crate) fn version(&self) -> u64 {
         match self.hold() {
             Hold::Entry { at, .. } => at.version,
-            Hold::Hit { pins, .. } => pins.at().version,
+            Hold::Hit(pins) => pins.at().version,
         }
     }
 }
@@ -177,12 +174,9 @@ impl<V> Clone for Pinned<V> {
                     at: *at,
                 }
             }
-            Hold::Hit { value, pins } => {
+            Hold::Hit(pins) => {
                 pins.repin();
-                Hold::Hit {
-                    value: Arc::clone(value),
-                    pins: Arc::clone(pins),
-                }
+                Hold::Hit(Arc::clone(pins))
             }
         };
         Pinned { hold: Some(hold) }

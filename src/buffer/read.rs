@@ -50,8 +50,8 @@ impl<K: Key, V: Spill> Inner<K, V> {
         // The hit path: the shard's read lock, and a pin counted on the
         // entry's hit pins.
         let hit = self.shards[s].core.read().hit(hash, key);
-        if let Some((value, hits)) = hit {
-            return Lookup::Hit(Pinned::of_hit(value, hits));
+        if let Some(hits) = hit {
+            return Lookup::Hit(Pinned::of_hit(hits));
         }
         match self.with_shard(s, |shard| shard.lookup(hash, key, waiter)) {
             Found::Hit {

@@ -311,8 +311,10 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
             version: n.version,
         };
         let weight = n.weight;
+        let value = n.state().value().expect("a listed entry is in memory");
+        let value = Arc::clone(value);
         n.hits
-            .get_or_insert_with(|| Arc::new(HitPins::new(Arc::clone(ctx), at, weight)))
+            .get_or_insert_with(|| Arc::new(HitPins::new(Arc::clone(ctx), at, value, weight)))
     }
 
     /// Take `idx` off its list, if it is on one; its hit pins close, and
@@ -373,18 +375,14 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
     /// list: the pin is counted on its hit pins, and the entry stays where
     /// it is (its release records the use).
     #[inline]
-    pub(crate) fn hit<Q>(&self, hash: u64, key: &Q) -> Option<(Arc<V>, Arc<HitPins<V>>)>
+    pub(crate) fn hit<Q>(&self, hash: u64, key: &Q) -> Option<Arc<HitPins<V>>>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         let n = self.node(self.find_hashed(hash, key)?);
         let hits = n.hits.as_ref()?;
-        if !hits.try_pin() {
-            return None;
-        }
-        let value = n.state().value().expect("an open entry is in memory");
-        Some((Arc::clone(value), Arc::clone(hits)))
+        hits.try_pin().then(|| Arc::clone(hits))
     }
 
     /// Find `key` for a read. A value in memory is pinned; with a waiter,

@@ -38,8 +38,8 @@ fn lru_order_follows_use_and_consume_goes_first() {
 fn a_pin_under_the_read_lock_keeps_the_entry_listed_and_eviction_moves_it_up() {
     let mut s = shard_with(&[1, 2, 3]);
     let h = s.hash.of(&1);
-    let (value, hits) = s.hit(h, &1).expect("1 is resident and listed");
-    assert_eq!(*value, 1);
+    let hits = s.hit(h, &1).expect("1 is resident and listed");
+    assert_eq!(**hits.value(), 1);
     assert_eq!(s.order(ListKind::Dirty), vec![1, 2, 3], "a hit moved it");
     // This thread's clock past the ticks the shard was given by hand.
     s.ctx.ticks.next(100);
@@ -63,7 +63,7 @@ fn a_pin_under_the_read_lock_keeps_the_entry_listed_and_eviction_moves_it_up() {
 fn evicting_a_tail_pinned_under_the_read_lock_leases_it_until_released() {
     let mut s = shard_with(&[1, 2]);
     let h = s.hash.of(&1);
-    let (_, hits) = s.hit(h, &1).unwrap();
+    let hits = s.hit(h, &1).unwrap();
     let (w, after) = s.evict_tail(ListKind::Dirty, None).unwrap();
     assert_eq!(w, 0, "a pinned tail was evicted");
     assert!(after.write.is_none());
@@ -84,14 +84,13 @@ fn evicting_a_tail_pinned_under_the_read_lock_leases_it_until_released() {
 fn removing_an_entry_pinned_under_the_read_lock_keeps_its_value_detached() {
     let mut s = shard_with(&[1]);
     let h = s.hash.of(&1);
-    let (value, hits) = s.hit(h, &1).unwrap();
+    let hits = s.hit(h, &1).unwrap();
     let after = s.remove(&1, None).unwrap();
     assert!(
         after.drop.is_none(),
         "a pinned value was handed back to drop"
     );
     assert_eq!(s.detached().count(), 1);
-    drop(value);
     assert_eq!(hits.release(true), Released::EndLease);
     let freed = s.lease_ended(&hits, false, 100, || 10);
     assert!(
@@ -158,8 +157,8 @@ pub(crate) struct NoOwner;
 impl<V> crate::buffer::pinned::PinOwner<V> for NoOwner {
     fn repin(&self, _: crate::buffer::pinned::PinAt) {}
     fn unpin(&self, _: crate::buffer::pinned::PinAt, _: bool, _: Arc<V>) {}
-    fn end_lease(&self, _: &HitPins<V>) {}
-    fn consume_hit(&self, pins: &HitPins<V>) {
+    fn end_lease(&self, _: Arc<HitPins<V>>) {}
+    fn consume_hit(&self, pins: Arc<HitPins<V>>) {
         pins.release(false);
     }
 }
