@@ -139,7 +139,6 @@ fn parse() -> Opts {
                 }
             }
             "--hit-warm" => o.hit_warm = num(val()),
-            // `--hit-fresh` was the flag when kept buffers were the default.
             "--repeat" => o.repeat = num(val()).max(1),
             "--window" => o.window = num(val()).max(1),
             _ => usage(),
