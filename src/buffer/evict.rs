@@ -147,15 +147,21 @@ impl<K: Key, V: Spill> Inner<K, V> {
         // for part of the same excess. The values dropped here are let go
         // of after the lock is released (see `evict_to_target`).
         let mut evicted = Vec::new();
-        let room = self.drop_clean_locked(w, asked, &mut evicted);
+        let room = self.drop_clean_locked(w, target, asked, &mut evicted);
         evicted.into_iter().for_each(|v| self.drop_value(v));
         room
     }
 
     /// [`drop_clean_for`](Self::drop_clean_for) under the eviction lock,
-    /// the values taken out left in `evicted` for the caller to drop.
-    fn drop_clean_locked(&self, w: usize, asked: u64, evicted: &mut Vec<Arc<V>>) -> bool {
-        let target = self.target();
+    /// against the `target` it read, the values taken out left in
+    /// `evicted` for the caller to drop.
+    fn drop_clean_locked(
+        &self,
+        w: usize,
+        target: usize,
+        asked: u64,
+        evicted: &mut Vec<Arc<V>>,
+    ) -> bool {
         let _one = self.evicting.lock();
         let mut moved = 0;
         loop {
