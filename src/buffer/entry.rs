@@ -72,91 +72,68 @@ impl<V> State<V> {
     }
 }
 
-/// Changes to the memory gauges made by one or more transitions. Signed
-/// byte and count changes; the buffer applies them (see
-/// `buffer::memory::Gauges::apply`) under the shard lock that made them.
-///
-/// A gauge added later is a field here, set by the transitions that move
-/// it.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Delta {
+/// `Delta` and its arithmetic from one list of its fields: a gauge added
+/// later is one line here.
+macro_rules! delta {
+    ($($(#[$doc:meta])* $field:ident,)*) => {
+        /// Changes to the memory gauges made by one or more transitions.
+        /// Signed byte and count changes; the buffer applies them (see
+        /// `buffer::memory::Gauges::apply`) under the shard lock that made
+        /// them.
+        ///
+        /// A gauge added later is a field here, set by the transitions that
+        /// move it.
+        #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+        pub(crate) struct Delta {
+            $($(#[$doc])* pub $field: isize,)*
+        }
+
+        impl Delta {
+            pub(crate) const ZERO: Delta = Delta { $($field: 0,)* };
+
+            /// Both changes together.
+            pub(crate) fn plus(self, o: Delta) -> Delta {
+                Delta { $($field: self.$field + o.$field,)* }
+            }
+
+            /// The opposite change.
+            pub(crate) fn negate(self) -> Delta {
+                Delta { $($field: -self.$field,)* }
+            }
+        }
+    };
+}
+
+delta! {
     /// Weight of values in memory (resident, spilling, pinned).
-    pub resident: isize,
+    resident,
     /// Number of values in memory.
-    pub count: isize,
+    count,
     /// Weight of values with a write queued or running.
-    pub spilling: isize,
+    spilling,
     /// Weight of pinned values (the shard's own gauge).
-    pub pinned: isize,
+    pinned,
     /// Weight of values both pinned and spilling.
-    pub pinned_spilling: isize,
+    pinned_spilling,
     /// Weight promised to prefetch reads in flight.
-    pub reserved: isize,
+    reserved,
     /// Live keys.
-    pub len: isize,
+    len,
     /// Weight of detached values: no longer any entry's (removed,
     /// replaced, or on their way to be freed on the pool) but still held,
     /// by pins or by IO jobs.
-    pub detached: isize,
+    detached,
     /// Number of detached values.
-    pub detached_count: isize,
+    detached_count,
     /// Of `detached`, the weight an IO job holds (a write queued or
     /// running, a free queued on the pool): it falls without the host
     /// doing anything.
-    pub detached_io: isize,
+    detached_io,
     /// Weight of values set aside after their encode failed.
-    pub set_aside: isize,
+    set_aside,
 }
 
 impl Delta {
-    pub(crate) const ZERO: Delta = Delta {
-        resident: 0,
-        count: 0,
-        spilling: 0,
-        pinned: 0,
-        pinned_spilling: 0,
-        reserved: 0,
-        len: 0,
-        detached: 0,
-        detached_count: 0,
-        detached_io: 0,
-        set_aside: 0,
-    };
-
-    /// Both changes together.
-    pub(crate) fn plus(self, o: Delta) -> Delta {
-        Delta {
-            resident: self.resident + o.resident,
-            count: self.count + o.count,
-            spilling: self.spilling + o.spilling,
-            pinned: self.pinned + o.pinned,
-            pinned_spilling: self.pinned_spilling + o.pinned_spilling,
-            reserved: self.reserved + o.reserved,
-            len: self.len + o.len,
-            detached: self.detached + o.detached,
-            detached_count: self.detached_count + o.detached_count,
-            detached_io: self.detached_io + o.detached_io,
-            set_aside: self.set_aside + o.set_aside,
-        }
-    }
-
-    /// The opposite change.
-    pub(crate) fn negate(self) -> Delta {
-        Delta {
-            resident: -self.resident,
-            count: -self.count,
-            spilling: -self.spilling,
-            pinned: -self.pinned,
-            pinned_spilling: -self.pinned_spilling,
-            reserved: -self.reserved,
-            len: -self.len,
-            detached: -self.detached,
-            detached_count: -self.detached_count,
-            detached_io: -self.detached_io,
-            set_aside: -self.set_aside,
-        }
-    }
-
     /// A value of weight `w` handed to the IO pool to be freed there (see
     /// `Inner::drop_value`): detached and held by a job until the job has
     /// dropped it, when the negation of this is applied.
