@@ -24,13 +24,42 @@
 //! word is open exactly when its entry is on a list (`validate()` checks
 //! it).
 
-use crate::buffer::pinned::{PinAt, PinOwner};
 use crate::buffer::tick::Ticks;
 use std::sync::atomic::{
     AtomicIsize, AtomicU64,
     Ordering::{AcqRel, Relaxed},
 };
 use std::sync::{Arc, Weak};
+
+/// Where a pin lives: shard, slot and the entry's version. A pin whose
+/// entry was removed or replaced finds another version there and does
+/// nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PinAt {
+    pub shard: u32,
+    pub slot: u32,
+    pub version: u64,
+}
+
+/// What a pin needs of the buffer, without naming its key type.
+pub(crate) trait PinOwner<V>: Send + Sync {
+    /// Add one pin (a clone of a guard).
+    fn repin(&self, at: PinAt);
+    /// Drop one pin; `consume` marks the entry first in line for eviction.
+    /// The guard's own handle on the value comes along, so that when it is
+    /// the last one, a heavy value is freed on the IO pool rather than on
+    /// the caller's thread.
+    fn unpin(&self, at: PinAt, consume: bool, value: Arc<V>);
+    /// The last pin of a lease of `pins` was released: give the lease
+    /// back (see [`crate::buffer::hit`]). The guard's handle on `pins`
+    /// comes along, so that when it holds the last handle on the value
+    /// but the entry's, it goes first and the entry's is the last one.
+    fn end_lease(&self, pins: Arc<HitPins<V>>);
+    /// Release one pin of `pins`, consuming: the entry goes first in
+    /// line, as [`PinOwner::unpin`] with `consume` does. Returns whether
+    /// that release ended a lease.
+    fn consume_hit(&self, pins: Arc<HitPins<V>>);
+}
 
 /// The pins: the low 32 bits of the word.
 const PINS: u64 = 0xffff_ffff;
@@ -254,7 +283,6 @@ impl<V> HitPins<V> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::buffer::pinned::PinOwner;
 
     struct NoOwner;
 

@@ -14,9 +14,9 @@
 use super::entry::{Delta, ListKind, Node};
 use super::failure::Failures;
 use super::hash::{shard_of, KeyHash};
-use super::hit::{HitContext, HitPins};
+use super::hit::{HitContext, HitPins, PinAt, PinOwner};
 use super::memory::{Gauges, MemoryWaiters};
-use super::pinned::{PinAt, PinOwner, PinResult, Pinned};
+use super::pinned::{PinResult, Pinned};
 use super::shard::{After, Shard, Wake};
 use super::write::SpillJob;
 use super::{evict::Backoff, Key};

@@ -16,9 +16,9 @@
 
 use crate::buffer::entry::{Delta, Detached, Evicted, ListKind, Node, Removed, State, Unpinned};
 use crate::buffer::hash::KeyHash;
-use crate::buffer::hit::{HitContext, HitPins, Released};
+use crate::buffer::hit::{HitContext, HitPins, PinAt, Released};
 use crate::buffer::lru::{Lists, Slab};
-use crate::buffer::pinned::{PinAt, Waiter};
+use crate::buffer::pinned::Waiter;
 use crate::buffer::write::SpillJob;
 use crate::store::compact::Relocated;
 use crate::store::DiskLoc;
@@ -144,7 +144,7 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         K: Send + Sync + 'static,
         V: Send + Sync + 'static,
     {
-        use crate::buffer::pinned::PinOwner;
+        use crate::buffer::hit::PinOwner;
         use std::sync::Weak;
         let owner: Weak<dyn PinOwner<V>> = Weak::<tests::NoOwner>::new();
         Self::new_in(KeyHash::new(), Arc::new(HitContext::new(owner, 1)), 0)

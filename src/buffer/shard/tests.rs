@@ -154,9 +154,9 @@ fn validate_catches_a_node_on_the_wrong_list() {
 /// An owner for a shard of its own: its pins' releases call back nobody.
 pub(crate) struct NoOwner;
 
-impl<V> crate::buffer::pinned::PinOwner<V> for NoOwner {
-    fn repin(&self, _: crate::buffer::pinned::PinAt) {}
-    fn unpin(&self, _: crate::buffer::pinned::PinAt, _: bool, _: Arc<V>) {}
+impl<V> crate::buffer::hit::PinOwner<V> for NoOwner {
+    fn repin(&self, _: crate::buffer::hit::PinAt) {}
+    fn unpin(&self, _: crate::buffer::hit::PinAt, _: bool, _: Arc<V>) {}
     fn end_lease(&self, _: Arc<HitPins<V>>) {}
     fn consume_hit(&self, pins: Arc<HitPins<V>>) {
         pins.release(false);
