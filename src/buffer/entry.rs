@@ -9,6 +9,7 @@
 //! leave the entry are handed back to the caller, who lets go of them
 //! after unlocking.
 
+use crate::buffer::accounting::Delta;
 use crate::buffer::hit::HitPins;
 use crate::buffer::pinned::Waiter;
 use crate::store::compact::Relocated;
@@ -68,129 +69,6 @@ impl<V> State<V> {
             State::Spilling { .. } => "spilling",
             State::OnDisk { .. } => "on-disk",
             State::Unspilling { .. } => "unspilling",
-        }
-    }
-}
-
-/// `Delta` and its arithmetic from one list of its fields: a gauge added
-/// later is one line here.
-macro_rules! delta {
-    ($($(#[$doc:meta])* $field:ident,)*) => {
-        /// Changes to the memory gauges made by one or more transitions.
-        /// Signed byte and count changes; the buffer applies them (see
-        /// `buffer::memory::Gauges::apply`) under the shard lock that made
-        /// them.
-        ///
-        /// A gauge added later is a field here, set by the transitions that
-        /// move it.
-        #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-        pub(crate) struct Delta {
-            $($(#[$doc])* pub $field: isize,)*
-        }
-
-        impl Delta {
-            pub(crate) const ZERO: Delta = Delta { $($field: 0,)* };
-
-            /// Both changes together.
-            pub(crate) fn plus(self, o: Delta) -> Delta {
-                Delta { $($field: self.$field + o.$field,)* }
-            }
-
-            /// The opposite change.
-            pub(crate) fn negate(self) -> Delta {
-                Delta { $($field: -self.$field,)* }
-            }
-        }
-    };
-}
-
-delta! {
-    /// Weight of values in memory (resident, spilling, pinned).
-    resident,
-    /// Number of values in memory.
-    count,
-    /// Weight of values with a write queued or running.
-    spilling,
-    /// Weight of pinned values (the shard's own gauge).
-    pinned,
-    /// Weight of values both pinned and spilling.
-    pinned_spilling,
-    /// Weight promised to prefetch reads in flight.
-    reserved,
-    /// Live keys.
-    len,
-    /// Weight of detached values: no longer any entry's (removed,
-    /// replaced, or on their way to be freed on the pool) but still held,
-    /// by pins or by IO jobs.
-    detached,
-    /// Number of detached values.
-    detached_count,
-    /// Of `detached`, the weight an IO job holds (a write queued or
-    /// running, a free queued on the pool): it falls without the host
-    /// doing anything.
-    detached_io,
-    /// Weight of values set aside after their encode failed.
-    set_aside,
-}
-
-impl Delta {
-    /// A value of weight `w` handed to the IO pool to be freed there (see
-    /// `Inner::drop_value`): detached and held by a job until the job has
-    /// dropped it, when the negation of this is applied.
-    pub(crate) fn freeing(w: usize) -> Delta {
-        let w = w as isize;
-        Delta {
-            detached: w,
-            detached_count: 1,
-            detached_io: w,
-            ..Delta::ZERO
-        }
-    }
-
-    /// Must the thread that applied this change look at the target again
-    /// (see `Inner::with_shard`)? `over_target` reads `unheld` (resident
-    /// less spilling, one gauge), the shards' `pinned` and
-    /// `pinned_spilling` one after another, and a change moving several
-    /// of them lands one gauge at a time: a concurrent reader may see a sum
-    /// that was never true, below both the one before and the one after
-    /// (a value pinned while its write runs, then unpinned, moves `pinned`
-    /// and `pinned_spilling` by the same weight), and stop evicting. A
-    /// change lowering `spilling` is a write that ended: if it failed, what
-    /// is over the target rose, which a reader that came just before
-    /// missed; if it succeeded, it ended any back-off that had kept
-    /// evictions from writing. Inserts, unspills and unpins, the other
-    /// changes that raise what is over the target, evict afterwards
-    /// anyway. The check is cheap when nothing is over the target, and
-    /// waits for an eviction running on another thread rather than evict
-    /// for the same excess (`Inner::evict_to_target`).
-    pub(crate) fn needs_target_check(&self) -> bool {
-        let moved = [
-            self.resident,
-            self.spilling,
-            self.pinned,
-            self.pinned_spilling,
-        ]
-        .iter()
-        .filter(|&&g| g != 0)
-        .count();
-        moved > 1 || self.spilling < 0
-    }
-
-    /// A value of weight `w` entering memory.
-    fn enter(w: isize) -> Delta {
-        Delta {
-            resident: w,
-            count: 1,
-            ..Delta::ZERO
-        }
-    }
-
-    /// A value of weight `w` leaving memory.
-    fn leave(w: isize) -> Delta {
-        Delta {
-            resident: -w,
-            count: -1,
-            ..Delta::ZERO
         }
     }
 }

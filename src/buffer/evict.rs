@@ -136,7 +136,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
     /// before tick `asked` (when the prefetch was asked for: values read
     /// back or used since are as wanted as the one to read). Never queues
     /// a write. Returns whether the room is there now, counted as
-    /// [`Gauges::admit`](super::memory::Gauges::admit) counts it; on
+    /// [`Accounting::admit`](super::accounting::Accounting::admit) counts it; on
     /// `false` nothing more is dropped than the clean values that qualified.
     pub(crate) fn drop_clean_for(&self, w: usize, asked: u64) -> bool {
         let target = self.target();
@@ -166,9 +166,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
         let mut moved = 0;
         loop {
             let pinned = self.pinned() + self.hit_pinned();
-            let held = self.g.resident.load(Relaxed).saturating_sub(pinned)
-                + self.g.reserved.load(Relaxed);
-            if held + w <= target {
+            if self.accounting.has_room(w, pinned, target) {
                 return true;
             }
             let Some((tick, s)) = self.oldest_tail(ListKind::Clean) else {

@@ -141,7 +141,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
     pub(crate) fn retry_spills(&self) -> usize {
         self.backoff.success();
         let mut n = 0;
-        if self.g.set_aside.load(Relaxed) > 0 {
+        if self.accounting.set_aside() > 0 {
             for s in 0..self.shards.len() {
                 n += self.with_shard(s, |shard| shard.retry_spills(|| self.next_tick_synced(s)));
             }
@@ -167,21 +167,21 @@ impl<K: Key, V: Spill> Inner<K, V> {
     /// flight for a moment, would let one more value in per caller, and
     /// memory would creep up for as long as the disk stays full.
     pub(crate) fn admission(&self) -> Admission {
-        let limit = self.limit.load(Relaxed);
-        if self.memory_held() <= limit {
+        let limit = self.accounting.limit();
+        if self.accounting.memory_held() <= limit {
             return Admission::Admit;
         }
         // Over the limit. Evict again: a back-off may have ended, and
         // retrying is what the caller's call is for.
         self.evict_to_target();
-        if self.io_in_flight() {
+        if self.accounting.io_in_flight() {
             return if self.backoff.failing() {
                 Admission::Wait
             } else {
                 Admission::Admit
             };
         }
-        let memory = self.memory_held();
+        let memory = self.accounting.memory_held();
         // Eviction is done with what it can do. What it could not evict
         // (unpinned bytes over the target) is held by a failure: values
         // set aside, or dirty values the write back-off keeps. With none,
@@ -190,7 +190,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
         if memory <= limit || excess == 0 {
             return Admission::Admit;
         }
-        let set_aside = self.g.set_aside.load(Relaxed);
+        let set_aside = self.accounting.set_aside();
         let cause = {
             let log = self.failures.log.lock();
             let failing = self.backoff.failing();

@@ -11,11 +11,11 @@
 //! the spill queue's and the memory waiters' are taken alone. Encoding, IO,
 //! dropping values and waking waiters happen after every lock is released.
 
-use super::entry::{Delta, ListKind, Node};
+use super::accounting::{Accounting, Delta};
+use super::entry::{ListKind, Node};
 use super::failure::Failures;
 use super::hash::{shard_of, KeyHash};
 use super::hit::{HitContext, HitPins, PinAt, PinOwner};
-use super::memory::{Gauges, MemoryWaiters};
 use super::pinned::{PinResult, Pinned};
 use super::shard::{After, Shard, Wake};
 use super::write::SpillJob;
@@ -51,40 +51,23 @@ pub(crate) struct LockedShard<K, V> {
     pub core: RwLock<Shard<K, V>>,
 }
 
-/// A value alone on its cache lines (two, against adjacent-line
-/// prefetching), so that the atomics every pin and unpin update do not
-/// invalidate the read-mostly fields next to them on other cores.
-#[derive(Default)]
-#[repr(align(128))]
-pub(crate) struct Padded<T>(pub T);
-
-impl<T> std::ops::Deref for Padded<T> {
-    type Target = T;
-
-    fn deref(&self) -> &T {
-        &self.0
-    }
-}
-
 /// Aligned so that the `Arc` counts in front of it, which every `Pinned`
 /// clone and drop updates, sit on a cache line of their own.
 #[repr(align(128))]
 pub(crate) struct Inner<K, V> {
     pub shards: Box<[LockedShard<K, V>]>,
     pub hasher: KeyHash,
-    pub target: AtomicUsize,
-    pub limit: AtomicUsize,
-    pub limit_follows_target: bool,
     /// The clock and the owner every entry's hit pins share.
     ctx: Arc<HitContext<V>>,
     pub next_version: AtomicU64,
-    pub g: Padded<Gauges>,
+    /// Memory held against the target and the limit, and the
+    /// `insert_async` callers waiting for it to fall.
+    pub accounting: Accounting,
     pub store: Store<K>,
     pub pool: Pool,
     pub metrics: Metrics,
     /// The buffer's name, its metrics publisher.
     pub telemetry: Telemetry,
-    pub mem_waiters: MemoryWaiters,
     /// Victims waiting to be written. Whenever it is not empty, a job that
     /// drains it is queued or running: values evicted while a write is in
     /// flight pile up here and go out together.
@@ -123,17 +106,13 @@ impl<K: Key, V: Spill> Inner<K, V> {
                     })
                     .collect(),
                 hasher,
-                target: AtomicUsize::new(cfg.memory_target),
-                limit: AtomicUsize::new(cfg.memory_limit.unwrap_or(cfg.memory_target)),
-                limit_follows_target: cfg.memory_limit.is_none(),
                 ctx,
                 next_version: AtomicU64::new(1),
-                g: Padded(Gauges::default()),
+                accounting: Accounting::new(cfg.memory_target, cfg.memory_limit),
                 store,
                 pool,
                 metrics: Metrics::default(),
                 telemetry: Telemetry::new(cfg.name.as_deref()),
-                mem_waiters: MemoryWaiters::default(),
                 spill_queue: Mutex::new(Vec::new()),
                 budget_logged: AtomicBool::new(false),
                 backoff: Backoff::new(),
@@ -206,7 +185,25 @@ impl<K: Key, V: Spill> Inner<K, V> {
     }
 
     pub(crate) fn target(&self) -> usize {
-        self.target.load(Relaxed)
+        self.accounting.target()
+    }
+
+    /// Bytes above the target held by unpinned values that no write is
+    /// already taking away (see [`Accounting::over_target`]).
+    pub(crate) fn over_target(&self) -> usize {
+        self.accounting.over_target(|| self.pinned())
+    }
+
+    /// Weight of values with at least one pin counted by their shard, over
+    /// all shards.
+    pub(crate) fn pinned(&self) -> usize {
+        self.shards.iter().map(|s| s.pinned.load(Relaxed)).sum()
+    }
+
+    /// Resolve the waiting `insert_async` calls if memory is within the
+    /// limit or cannot fall.
+    pub(crate) fn wake_mem_waiters(&self) {
+        self.accounting.wake_waiters();
     }
 
     /// Run `f` on shard `s` under its lock; then, still under it, apply
@@ -217,7 +214,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
         let mut shard = locked.core.write();
         let r = f(&mut shard);
         let delta = shard.take_delta();
-        self.g.apply(delta, &locked.pinned);
+        self.accounting.apply(delta, &locked.pinned);
         let repaired = shard.take_repaired();
         if repaired > locked.clock.load(Relaxed) {
             locked.clock.store(repaired, Relaxed);
@@ -421,12 +418,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
     }
 
     pub(crate) fn set_target(&self, bytes: usize) {
-        self.target.store(bytes, Relaxed);
-        if self.limit_follows_target {
-            self.limit.store(bytes, Relaxed);
-        } else {
-            self.limit.fetch_max(bytes, Relaxed);
-        }
+        self.accounting.set_target(bytes);
         self.evict_to_target();
     }
 
@@ -442,15 +434,14 @@ impl<K: Key, V: Spill> Inner<K, V> {
     }
 
     fn read_stats(&self) -> Stats {
-        let detached = self.g.detached.load(Relaxed) as u64;
-        let detached_count = self.g.detached_count.load(Relaxed) as u64;
+        let g = self.accounting.read();
         let mut st = Stats {
-            memory_bytes: self.g.resident.load(Relaxed) as u64 + detached,
-            memory_count: self.g.resident_count.load(Relaxed) as u64 + detached_count,
-            spilling_bytes: self.g.spilling.load(Relaxed) as u64,
-            detached_bytes: detached,
-            detached_count,
-            set_aside_bytes: self.g.set_aside.load(Relaxed) as u64,
+            memory_bytes: (g.resident + g.detached) as u64,
+            memory_count: (g.count + g.detached_count) as u64,
+            spilling_bytes: g.spilling as u64,
+            detached_bytes: g.detached as u64,
+            detached_count: g.detached_count as u64,
+            set_aside_bytes: g.set_aside as u64,
             io_busy_seconds_total: self.pool.busy_seconds(),
             disk_bytes: self.store.disk_bytes(),
             disk_count: self.store.disk_count(),
@@ -548,7 +539,7 @@ struct Freeing<K: Key, V: Spill> {
 
 impl<K: Key, V: Spill> Freeing<K, V> {
     fn new(inner: Arc<Inner<K, V>>, value: Arc<V>, weight: usize) -> Self {
-        inner.g.apply_unsharded(Delta::freeing(weight));
+        inner.accounting.apply_unsharded(Delta::freeing(weight));
         Freeing {
             inner,
             value: Some(value),
@@ -561,7 +552,7 @@ impl<K: Key, V: Spill> Drop for Freeing<K, V> {
     fn drop(&mut self) {
         drop(self.value.take());
         self.inner
-            .g
+            .accounting
             .apply_unsharded(Delta::freeing(self.weight).negate());
         self.inner.wake_mem_waiters();
     }

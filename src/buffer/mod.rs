@@ -15,6 +15,7 @@
 //!   under a shard's read lock; [`tick`], [`hash`]: the LRU clock, key
 //!   hashing.
 
+pub(crate) mod accounting;
 pub(crate) mod entry;
 pub(crate) mod evict;
 pub(crate) mod failure;
@@ -23,7 +24,6 @@ pub(crate) mod hash;
 pub(crate) mod hit;
 pub(crate) mod inner;
 pub(crate) mod lru;
-pub(crate) mod memory;
 pub(crate) mod pinned;
 pub(crate) mod read;
 pub(crate) mod shard;
@@ -214,14 +214,14 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
         loop {
             match inner.admission() {
                 failure::Admission::Admit => break,
-                failure::Admission::Wait => inner.wait_for_memory().await,
+                failure::Admission::Wait => inner.accounting.wait_for_memory().await,
                 failure::Admission::Refuse(error) => {
                     return Err(InsertError { key, value, error });
                 }
             }
         }
         inner.insert(key, value);
-        inner.wait_for_memory().await;
+        inner.accounting.wait_for_memory().await;
         Ok(())
     }
 
@@ -460,10 +460,7 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
 
     /// Number of live keys.
     pub fn len(&self) -> usize {
-        self.inner()
-            .g
-            .len
-            .load(std::sync::atomic::Ordering::Relaxed)
+        self.inner().accounting.len()
     }
 
     /// True when no key is present.

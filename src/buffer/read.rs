@@ -129,7 +129,9 @@ impl<K: Key, V: Spill> Inner<K, V> {
                 // Promise the memory first, so concurrent prefetches cannot
                 // together pass the target.
                 shard.start_prefetch(&key, |w| {
-                    let admitted = self.g.admit(w, self.pinned() + self.hit_pinned(), target);
+                    let admitted =
+                        self.accounting
+                            .admit(w, self.pinned() + self.hit_pinned(), target);
                     if !admitted {
                         refused.set(Some(w));
                     }

@@ -14,7 +14,8 @@
 //! lock is released: values to drop, a write to queue, a record to
 //! release, waiters to answer. The buffer acts on it (`Inner::act`).
 
-use crate::buffer::entry::{Delta, Detached, Evicted, ListKind, Node, Removed, State, Unpinned};
+use crate::buffer::accounting::Delta;
+use crate::buffer::entry::{Detached, Evicted, ListKind, Node, Removed, State, Unpinned};
 use crate::buffer::hash::KeyHash;
 use crate::buffer::hit::{HitContext, HitPins, PinAt, Released};
 use crate::buffer::lru::{Lists, Slab};

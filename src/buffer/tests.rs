@@ -312,7 +312,6 @@ mod hits;
 #[test]
 fn a_finished_write_evicts_what_a_concurrent_eviction_may_have_missed() {
     use crate::io::Priority;
-    use std::sync::atomic::Ordering::Relaxed;
     let dir = tempfile::tempdir().unwrap();
     let b: SpillBuffer<u64, Vec<f64>> = SpillBuffer::builder(dir.path())
         .memory_target(3 * 32)
@@ -333,9 +332,9 @@ fn a_finished_write_evicts_what_a_concurrent_eviction_may_have_missed() {
         b.insert(k, vec![k as f64; 4]).unwrap();
     }
     // Key 0 waits to be written; the three others fill the target.
-    assert_eq!(inner.g.spilling.load(Relaxed), 32);
+    assert_eq!(inner.accounting.read().spilling, 32);
     assert_eq!(inner.over_target(), 0);
-    inner.target.store(2 * 32, Relaxed);
+    inner.accounting.store_target(2 * 32);
     assert_eq!(inner.over_target(), 32);
     go.send(()).unwrap();
     b.flush_blocking().unwrap();

@@ -6,7 +6,7 @@
 //! key's record, makes sure the bytes read were still that key's, and
 //! installs a received record as an on-disk entry.
 
-use super::entry::Delta;
+use super::accounting::Delta;
 use super::inner::Inner;
 use super::pinned::Pinned;
 use super::read::Lookup;
@@ -568,7 +568,7 @@ struct Held<K: Key, V: Spill> {
 
 impl<K: Key, V: Spill> Held<K, V> {
     fn new(inner: Arc<Inner<K, V>>, bytes: usize) -> Self {
-        inner.g.apply_unsharded(Delta::freeing(bytes));
+        inner.accounting.apply_unsharded(Delta::freeing(bytes));
         Held { inner, bytes }
     }
 }
@@ -576,7 +576,7 @@ impl<K: Key, V: Spill> Held<K, V> {
 impl<K: Key, V: Spill> Drop for Held<K, V> {
     fn drop(&mut self) {
         self.inner
-            .g
+            .accounting
             .apply_unsharded(Delta::freeing(self.bytes).negate());
         self.inner.wake_mem_waiters();
     }

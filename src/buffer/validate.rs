@@ -2,6 +2,7 @@
 //! "What `validate()` checks"): compiled for this crate's tests and with
 //! the `testing` feature, for the model tests and fuzz targets.
 
+use super::accounting::{Delta, Readings};
 use super::entry::{ListKind, State};
 use super::inner::Inner;
 use super::Key;
@@ -116,43 +117,30 @@ impl<K: Key, V: Spill> Inner<K, V> {
                 }
             }
         }
-        let g = &self.g;
-        let checks = [
-            ("resident", resident, g.resident.load(Relaxed)),
-            ("resident_count", count, g.resident_count.load(Relaxed)),
-            ("spilling", spilling, g.spilling.load(Relaxed)),
-            (
-                "unheld",
-                resident.saturating_sub(spilling),
-                g.unheld.load(Relaxed),
-            ),
-            ("pinned", pinned, self.pinned()),
-            (
-                "pinned_spilling",
-                pinned_spilling,
-                g.pinned_spilling.load(Relaxed),
-            ),
-            // With the pool idle no read is in flight (checked above), so
-            // no prefetch holds a reservation.
-            ("reserved", 0, g.reserved.load(Relaxed)),
-            ("len", len, g.len.load(Relaxed)),
-            ("detached", detached, g.detached.load(Relaxed)),
-            (
-                "detached_count",
-                detached_count,
-                g.detached_count.load(Relaxed),
-            ),
-            // With the pool idle no job holds anything.
-            ("detached_io", 0, g.detached_io.load(Relaxed)),
-            ("io_held", spilling, g.io_held.load(Relaxed)),
-            ("set_aside", set_aside, g.set_aside.load(Relaxed)),
-        ];
-        for (name, counted, gauge) in checks {
-            if counted != gauge {
-                return Err(format!(
-                    "gauge {name} is {gauge}, entries add up to {counted}"
-                ));
-            }
+        // With the pool idle no read is in flight (checked above), so no
+        // prefetch holds a reservation, and no job holds a detached value.
+        let total = Delta {
+            resident: resident as isize,
+            count: count as isize,
+            spilling: spilling as isize,
+            pinned_spilling: pinned_spilling as isize,
+            len: len as isize,
+            detached: detached as isize,
+            detached_count: detached_count as isize,
+            set_aside: set_aside as isize,
+            ..Delta::ZERO
+        };
+        let gauges = self.accounting.read();
+        if let Some((name, gauge, counted)) = gauges.differences(&Readings::of(total)).first() {
+            return Err(format!(
+                "gauge {name} is {gauge}, entries add up to {counted}"
+            ));
+        }
+        if pinned != self.pinned() {
+            return Err(format!(
+                "gauge pinned is {}, entries add up to {pinned}",
+                self.pinned()
+            ));
         }
         if spilling != 0 {
             return Err(format!(
