@@ -1,71 +1,17 @@
-//! Eviction: which unpinned resident entry leaves memory next, and the
-//! back-off that stops target-driven writes for a while after a spill
-//! fails.
-//!
-//! The order ([`choose`]): consumed entries first; otherwise the least
-//! recently used clean entry and the least recently used dirty one are
-//! compared by age (ticks since their last use), and the dirty one goes
-//! only when it is more than [`DIRTY_AGE_FACTOR`] (5/4) times as old.
-//! Dropping a clean value costs no IO now; writing a dirty one costs a
-//! write now. But a value used again costs a read whichever way it left,
-//! and the more recently used one is the likelier to be used again: a
-//! strict clean-first order threw out every value just read back while
-//! old dirty values nobody reads held memory for good (2.6-5× the disk
-//! reads of an LRU on zipf reads). And a dirty value kept longer is
-//! usually written later anyway, so the write it saves is small: replayed
-//! through this rule, a factor of 2 saved at most 5% of writes and cost up
-//! to 19% more reads than LRU on zipf reads mixed with inserts, a factor
-//! of 4 up to 38% (and 6% on zipf reads alone), while 5/4 stays within
-//! 1.00× of LRU's reads on zipf reads and scans and within 1.06× with
-//! inserts (docs/BENCHMARKS.md, "Eviction policy"). A dirty value used
-//! just before a clean one still goes after it.
+//! The eviction loop: find the victim [`choose`] picks from the tails
+//! every shard publishes, take it out under its shard's lock, and act on
+//! what the shard returned (drop a clean value, queue a dirty one's
+//! write). The order, the back-off and the one-evictor lock are
+//! [`super::eviction`]'s.
 
 use super::entry::ListKind;
+use super::eviction::choose;
 use super::inner::Inner;
 use super::Key;
 use crate::metrics::Metrics;
 use crate::value::Spill;
-use std::sync::atomic::{fence, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{fence, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
-use std::time::Instant;
-
-/// A dirty entry is evicted before a clean one only when it is more than
-/// this many times as old (in ticks since last use), as a fraction
-/// (numerator, denominator). (1, 1) is plain LRU over both lists; larger
-/// factors spare a few writes and cost reads.
-pub(crate) const DIRTY_AGE_FACTOR: (u64, u64) = (5, 4);
-
-/// Which list gives the next victim, from the ticks of the two lists'
-/// least recently used entries (`None`: the list is empty) and `now`, the
-/// newest tick (asked for only when both lists have a candidate). A tick
-/// of 0 marks a consumed entry, first in line. Dirty entries are
-/// candidates only when `writes` are allowed.
-pub(crate) fn choose(
-    clean: Option<u64>,
-    dirty: Option<u64>,
-    now: impl FnOnce() -> u64,
-    writes: bool,
-) -> Option<ListKind> {
-    let dirty = dirty.filter(|_| writes);
-    match (clean, dirty) {
-        (None, None) => None,
-        (Some(_), None) => Some(ListKind::Clean),
-        (None, Some(_)) => Some(ListKind::Dirty),
-        (Some(0), Some(_)) => Some(ListKind::Clean),
-        (Some(_), Some(0)) => Some(ListKind::Dirty),
-        (Some(c), Some(d)) => {
-            let now = now();
-            let age_c = now.saturating_sub(c) as u128;
-            let age_d = now.saturating_sub(d) as u128;
-            let (num, den) = DIRTY_AGE_FACTOR;
-            if age_d * den as u128 > age_c * num as u128 {
-                Some(ListKind::Dirty)
-            } else {
-                Some(ListKind::Clean)
-            }
-        }
-    }
-}
 
 impl<K: Key, V: Spill> Inner<K, V> {
     /// Evict until unpinned resident bytes are within the target.
@@ -90,8 +36,8 @@ impl<K: Key, V: Spill> Inner<K, V> {
         fence(SeqCst);
         let mut evicted = Vec::new();
         if self.over_target() > 0 {
-            let _one = self.evicting.lock();
-            let writes = self.backoff.allows_writes();
+            let _one = self.eviction.lock();
+            let writes = self.eviction.writes_allowed();
             while self.over_target() > 0 {
                 if self.evict_one(writes, &mut evicted).is_none() {
                     break;
@@ -162,7 +108,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
         asked: u64,
         evicted: &mut Vec<Arc<V>>,
     ) -> bool {
-        let _one = self.evicting.lock();
+        let _one = self.eviction.lock();
         let mut moved = 0;
         loop {
             let pinned = self.pinned() + self.hit_pinned();
@@ -243,95 +189,5 @@ impl<K: Key, V: Spill> Inner<K, V> {
             }
         }
         None
-    }
-}
-
-/// After a failed write (I/O error, disk full, `max_spill`; not an encode
-/// error, see `buffer::failure`), evictions by the target stop queueing
-/// writes for a while (10 ms, doubling on each further failure up to 1 s,
-/// reset by a success, a `remove` or `retry_spills`): with a broken or full disk, every insert would otherwise
-/// re-encode and re-try every value over the target. Clean evictions go on,
-/// and an explicit `evict` always tries.
-pub(crate) struct Backoff {
-    epoch: Instant,
-    until_ns: AtomicU64,
-    step_ns: AtomicU64,
-}
-
-impl Backoff {
-    const FIRST_NS: u64 = 10_000_000;
-    const MAX_NS: u64 = 1_000_000_000;
-
-    pub(crate) fn new() -> Self {
-        Backoff {
-            epoch: Instant::now(),
-            until_ns: AtomicU64::new(0),
-            step_ns: AtomicU64::new(0),
-        }
-    }
-
-    fn now_ns(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64
-    }
-
-    pub(crate) fn allows_writes(&self) -> bool {
-        let until = self.until_ns.load(Relaxed);
-        until == 0 || self.now_ns() >= until
-    }
-
-    pub(crate) fn failure(&self) {
-        let step = (self.step_ns.load(Relaxed) * 2).clamp(Self::FIRST_NS, Self::MAX_NS);
-        self.step_ns.store(step, Relaxed);
-        self.until_ns.store(self.now_ns() + step, Relaxed);
-    }
-
-    /// Did the last write fail (no success since)?
-    pub(crate) fn failing(&self) -> bool {
-        self.step_ns.load(Relaxed) != 0
-    }
-
-    pub(crate) fn success(&self) {
-        if self.until_ns.load(Relaxed) != 0 {
-            self.step_ns.store(0, Relaxed);
-            self.until_ns.store(0, Relaxed);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn consumed_first_then_clean_unless_the_dirty_one_is_much_older() {
-        use ListKind::{Clean, Dirty};
-        assert_eq!(choose(None, None, || 9, true), None);
-        assert_eq!(choose(Some(5), Some(0), || 100, true), Some(Dirty));
-        assert_eq!(choose(Some(5), Some(0), || 100, false), Some(Clean));
-        assert_eq!(choose(None, Some(3), || 100, false), None);
-        // now 100: clean used at 80 (age 20), dirty at 75 (age 25): not
-        // more than 5/4 as old, so the clean one goes.
-        assert_eq!(choose(Some(80), Some(75), || 100, true), Some(Clean));
-        assert_eq!(choose(Some(80), Some(74), || 100, true), Some(Dirty));
-        // A clean value older than the dirty one always goes first.
-        assert_eq!(choose(Some(10), Some(50), || 100, true), Some(Clean));
-    }
-
-    #[test]
-    fn backoff_doubles_caps_and_resets() {
-        let b = Backoff::new();
-        assert!(b.allows_writes());
-        b.failure();
-        assert_eq!(b.step_ns.load(Relaxed), Backoff::FIRST_NS);
-        b.failure();
-        assert_eq!(b.step_ns.load(Relaxed), 2 * Backoff::FIRST_NS);
-        for _ in 0..20 {
-            b.failure();
-        }
-        assert_eq!(b.step_ns.load(Relaxed), Backoff::MAX_NS);
-        assert!(!b.allows_writes(), "within a one-second back-off");
-        b.success();
-        assert!(b.allows_writes());
-        assert_eq!(b.step_ns.load(Relaxed), 0);
     }
 }

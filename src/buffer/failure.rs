@@ -7,7 +7,7 @@
 //!   `retry_spills`; other values go on spilling.
 //! - A write error (disk full, another I/O error) or a refusal by
 //!   `max_spill` is the disk's: every value would fail the same way for a
-//!   while, so target-driven writes back off (`evict::Backoff`).
+//!   while, so target-driven writes back off (`eviction::Eviction`).
 //!
 //! Each failure is counted by cause, logged with the key and the error
 //! (which names the file, or the budget), and kept as the buffer's last
@@ -84,14 +84,14 @@ impl<K: Key, V: Spill> Inner<K, V> {
             }
             Error::DiskBudget { .. } => {
                 Metrics::add(&self.metrics.budget_refusals, 1);
-                self.backoff.failure();
+                self.eviction.write_failed();
                 if !self.budget_logged.swap(true, Relaxed) {
                     tracing::warn!(key = ?key, error = %err, "disk budget reached; values stay in memory");
                 }
             }
             _ => {
                 Metrics::add(&self.metrics.io_errors, 1);
-                self.backoff.failure();
+                self.eviction.write_failed();
                 tracing::warn!(key = ?key, error = %err, "spill failed; the value stays in memory");
             }
         }
@@ -119,7 +119,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
         // written) and cleared the back-off before this failure set it.
         // Nothing else would try again until the host acts, so try now.
         if !encode && self.store.space_epoch() != epoch {
-            self.backoff.success();
+            self.eviction.write_succeeded();
             self.evict_to_target();
         }
         // Nothing retries the eviction until the host acts again, so with
@@ -139,7 +139,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
     /// (under that shard's lock): meant for a host that fixed a cause, not
     /// for a loop.
     pub(crate) fn retry_spills(&self) -> usize {
-        self.backoff.success();
+        self.eviction.write_succeeded();
         let mut n = 0;
         if self.accounting.set_aside() > 0 {
             for s in 0..self.shards.len() {
@@ -154,7 +154,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
     /// the next eviction may write at once rather than wait out the
     /// back-off.
     pub(crate) fn space_freed(&self) {
-        self.backoff.success();
+        self.eviction.write_succeeded();
     }
 
     /// Whether `insert_async` inserts its value, waits for the writes in
@@ -175,7 +175,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
         // retrying is what the caller's call is for.
         self.evict_to_target();
         if self.accounting.io_in_flight() {
-            return if self.backoff.failing() {
+            return if self.eviction.failing() {
                 Admission::Wait
             } else {
                 Admission::Admit
@@ -193,7 +193,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
         let set_aside = self.accounting.set_aside();
         let cause = {
             let log = self.failures.log.lock();
-            let failing = self.backoff.failing();
+            let failing = self.eviction.failing();
             if failing && excess > set_aside {
                 log.write.clone()
             } else if set_aside > 0 {

@@ -13,13 +13,14 @@
 
 use super::accounting::{Accounting, Delta};
 use super::entry::{ListKind, Node};
+use super::eviction::Eviction;
 use super::failure::Failures;
 use super::hash::{shard_of, KeyHash};
 use super::hit::{HitContext, HitPins, PinAt, PinOwner};
 use super::pinned::{PinResult, Pinned};
 use super::shard::{After, Shard, Wake};
 use super::write::SpillJob;
-use super::{evict::Backoff, Key};
+use super::Key;
 use crate::config::Config;
 use crate::error::Error;
 use crate::io::{Pool, Priority};
@@ -27,7 +28,7 @@ use crate::metrics::spans::JobSpan;
 use crate::metrics::{Metrics, Stats, Telemetry};
 use crate::store::{DiskLoc, Store};
 use crate::value::Spill;
-use parking_lot::{Mutex, ReentrantMutex, RwLock};
+use parking_lot::{Mutex, RwLock};
 use std::borrow::Borrow;
 use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -74,10 +75,8 @@ pub(crate) struct Inner<K, V> {
     pub spill_queue: Mutex<Vec<SpillJob<K, V>>>,
     /// A disk-budget refusal was logged and no spill has succeeded since.
     pub budget_logged: AtomicBool,
-    pub backoff: Backoff,
-    /// Held by the thread evicting for the target (`buffer::evict`): one
-    /// evictor at a time.
-    pub evicting: ReentrantMutex<()>,
+    /// The eviction order, the write back-off and the one-evictor lock.
+    pub eviction: Eviction,
     /// The most recent spill failures (`buffer::failure`).
     pub failures: Failures<K>,
     me: Weak<Inner<K, V>>,
@@ -115,8 +114,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
                 telemetry: Telemetry::new(cfg.name.as_deref()),
                 spill_queue: Mutex::new(Vec::new()),
                 budget_logged: AtomicBool::new(false),
-                backoff: Backoff::new(),
-                evicting: ReentrantMutex::new(()),
+                eviction: Eviction::new(),
                 failures: Failures::default(),
                 me: me.clone(),
             }
@@ -384,7 +382,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
     /// back-off; then take up any compaction asked for.
     fn reclaimed(&self) {
         if self.store.take_space_returned() {
-            self.backoff.success();
+            self.eviction.write_succeeded();
             self.evict_to_target();
         }
         self.queue_compactions();

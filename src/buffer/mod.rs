@@ -18,6 +18,7 @@
 pub(crate) mod accounting;
 pub(crate) mod entry;
 pub(crate) mod evict;
+pub(crate) mod eviction;
 pub(crate) mod failure;
 pub(crate) mod handoff;
 pub(crate) mod hash;

@@ -151,12 +151,12 @@ fn eviction_follows_one_threads_use_order_across_shards_and_the_pool() {
 }
 
 /// The eviction order, checked step by step against a model of the rule
-/// (`evict::choose`): one thread, one shard, equal weights. After every
+/// (`eviction::choose`): one thread, one shard, equal weights. After every
 /// operation (and the IO it queued) the keys in memory are exactly the
 /// model's.
 #[test]
 fn every_eviction_is_the_one_the_rule_picks() {
-    use super::evict::DIRTY_AGE_FACTOR;
+    use super::eviction::DIRTY_AGE_FACTOR;
     use rand::{rngs::StdRng, Rng, SeedableRng};
     use std::collections::{BTreeMap, BTreeSet};
 

@@ -123,7 +123,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
         Metrics::add(&self.metrics.spill_count, 1);
         Metrics::add(&self.metrics.spilled_bytes, loc.len());
         self.budget_logged.store(false, Relaxed);
-        self.backoff.success();
+        self.eviction.write_succeeded();
         let s = self.shard_of(key);
         // The shard's change moves `spilling` and `resident` (or
         // `pinned_spilling`): `with_shard` looks at the target again.
