@@ -20,36 +20,6 @@ use super::Key;
 use crate::error::{Error, SpillFailure};
 use crate::metrics::Metrics;
 use crate::value::Spill;
-use parking_lot::Mutex;
-use std::sync::atomic::Ordering::Relaxed;
-
-/// The most recent spill failures, by kind.
-pub(crate) struct Failures<K> {
-    log: Mutex<Log<K>>,
-}
-
-struct Log<K> {
-    /// The most recent failure of any cause, for the host.
-    last: Option<SpillFailure<K>>,
-    /// The most recent write failure (I/O error or `max_spill`): the cause
-    /// reported while writes are failing.
-    write: Option<Error>,
-    /// The most recent encode failure: the cause reported while values are
-    /// set aside.
-    encode: Option<Error>,
-}
-
-impl<K> Default for Failures<K> {
-    fn default() -> Self {
-        Failures {
-            log: Mutex::new(Log {
-                last: None,
-                write: None,
-                encode: None,
-            }),
-        }
-    }
-}
 
 /// What `insert_async` does with a value before inserting it.
 pub(crate) enum Admission {
@@ -85,7 +55,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
             Error::DiskBudget { .. } => {
                 Metrics::add(&self.metrics.budget_refusals, 1);
                 self.eviction.write_failed();
-                if !self.budget_logged.swap(true, Relaxed) {
+                if self.spill_queue.budget_refused() {
                     tracing::warn!(key = ?key, error = %err, "disk budget reached; values stay in memory");
                 }
             }
@@ -95,18 +65,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
                 tracing::warn!(key = ?key, error = %err, "spill failed; the value stays in memory");
             }
         }
-        {
-            let mut log = self.failures.log.lock();
-            if encode {
-                log.encode = Some(err.clone());
-            } else {
-                log.write = Some(err.clone());
-            }
-            log.last = Some(SpillFailure {
-                key: key.clone(),
-                error: err,
-            });
-        }
+        self.spill_queue.failed(key, err, encode);
         let s = self.shard_of(key);
         // A value the write held last (its key removed or replaced
         // meanwhile) is dropped here, after the shard lock.
@@ -130,7 +89,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
 
     /// The most recent spill failure, if any.
     pub(crate) fn last_spill_error(&self) -> Option<SpillFailure<K>> {
-        self.failures.log.lock().last.clone()
+        self.spill_queue.last_failure()
     }
 
     /// Try again what failed: end the write back-off, and make every
@@ -191,20 +150,10 @@ impl<K: Key, V: Spill> Inner<K, V> {
             return Admission::Admit;
         }
         let set_aside = self.accounting.set_aside();
-        let cause = {
-            let log = self.failures.log.lock();
-            let failing = self.eviction.failing();
-            if failing && excess > set_aside {
-                log.write.clone()
-            } else if set_aside > 0 {
-                log.encode.clone()
-            } else if failing {
-                log.write.clone()
-            } else {
-                None
-            }
-        };
-        match cause {
+        match self
+            .spill_queue
+            .cause(self.eviction.failing(), excess, set_aside)
+        {
             Some(cause) => Admission::Refuse(Error::MemoryLimit {
                 memory: memory as u64,
                 limit: limit as u64,

@@ -14,12 +14,11 @@
 use super::accounting::{Accounting, Delta};
 use super::entry::{ListKind, Node};
 use super::eviction::Eviction;
-use super::failure::Failures;
 use super::hash::{shard_of, KeyHash};
 use super::hit::{HitContext, HitPins, PinAt, PinOwner};
 use super::pinned::{PinResult, Pinned};
 use super::shard::{After, Shard, Wake};
-use super::write::SpillJob;
+use super::spill_queue::SpillQueue;
 use super::Key;
 use crate::config::Config;
 use crate::error::Error;
@@ -28,10 +27,10 @@ use crate::metrics::spans::JobSpan;
 use crate::metrics::{Metrics, Stats, Telemetry};
 use crate::store::{DiskLoc, Store};
 use crate::value::Spill;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::RwLock;
 use std::borrow::Borrow;
 use std::hash::Hash;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 
 /// One shard behind its lock, with the ticks of its two list tails
@@ -69,16 +68,10 @@ pub(crate) struct Inner<K, V> {
     pub metrics: Metrics,
     /// The buffer's name, its metrics publisher.
     pub telemetry: Telemetry,
-    /// Victims waiting to be written. Whenever it is not empty, a job that
-    /// drains it is queued or running: values evicted while a write is in
-    /// flight pile up here and go out together.
-    pub spill_queue: Mutex<Vec<SpillJob<K, V>>>,
-    /// A disk-budget refusal was logged and no spill has succeeded since.
-    pub budget_logged: AtomicBool,
+    /// Victims waiting to be written, and the failures of writes.
+    pub spill_queue: SpillQueue<K, V>,
     /// The eviction order, the write back-off and the one-evictor lock.
     pub eviction: Eviction,
-    /// The most recent spill failures (`buffer::failure`).
-    pub failures: Failures<K>,
     me: Weak<Inner<K, V>>,
 }
 
@@ -112,10 +105,8 @@ impl<K: Key, V: Spill> Inner<K, V> {
                 pool,
                 metrics: Metrics::default(),
                 telemetry: Telemetry::new(cfg.name.as_deref()),
-                spill_queue: Mutex::new(Vec::new()),
-                budget_logged: AtomicBool::new(false),
+                spill_queue: SpillQueue::new(),
                 eviction: Eviction::new(),
-                failures: Failures::default(),
                 me: me.clone(),
             }
         })

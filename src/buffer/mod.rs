@@ -28,6 +28,7 @@ pub(crate) mod lru;
 pub(crate) mod pinned;
 pub(crate) mod read;
 pub(crate) mod shard;
+pub(crate) mod spill_queue;
 #[cfg(test)]
 mod tests;
 pub(crate) mod tick;

@@ -20,7 +20,7 @@ use crate::buffer::hash::KeyHash;
 use crate::buffer::hit::{HitContext, HitPins, PinAt, Released};
 use crate::buffer::lru::{Lists, Slab};
 use crate::buffer::pinned::Waiter;
-use crate::buffer::write::SpillJob;
+use crate::buffer::spill_queue::SpillJob;
 use crate::store::compact::Relocated;
 use crate::store::DiskLoc;
 use hashbrown::HashTable;

@@ -5,6 +5,7 @@
 //! entry's shard lock; a failure goes to [`super::failure`].
 
 use super::inner::Inner;
+use super::spill_queue::SpillJob;
 use super::Key;
 use crate::io::Priority;
 use crate::metrics::spans::JobSpan;
@@ -12,27 +13,13 @@ use crate::metrics::Metrics;
 use crate::store::put::IN_PLACE_MIN;
 use crate::store::DiskLoc;
 use crate::value::Spill;
-use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
 use std::time::Instant;
-
-/// A value chosen for eviction, waiting to be written.
-pub(crate) struct SpillJob<K, V> {
-    pub key: K,
-    pub version: u64,
-    pub value: Arc<V>,
-}
 
 impl<K: Key, V: Spill> Inner<K, V> {
     /// Queue a victim for writing; the first one in an empty queue also
     /// queues the job that drains it.
     pub(crate) fn queue_spill(&self, job: SpillJob<K, V>) {
-        let first = {
-            let mut q = self.spill_queue.lock();
-            q.push(job);
-            q.len() == 1
-        };
-        if first {
+        if self.spill_queue.push(job) {
             self.submit(Priority::Spill, |me| me.drain_spills());
         }
     }
@@ -46,7 +33,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
     /// Write out everything queued: large values one by one, small ones
     /// packed. Runs on the pool.
     fn drain_spills(&self) {
-        let jobs = std::mem::take(&mut *self.spill_queue.lock());
+        let jobs = self.spill_queue.take();
         let mut small = Vec::new();
         for job in jobs {
             if job.value.weight() >= IN_PLACE_MIN {
@@ -122,7 +109,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
     fn spill_done(&self, key: &K, version: u64, loc: DiskLoc) {
         Metrics::add(&self.metrics.spill_count, 1);
         Metrics::add(&self.metrics.spilled_bytes, loc.len());
-        self.budget_logged.store(false, Relaxed);
+        self.spill_queue.succeeded();
         self.eviction.write_succeeded();
         let s = self.shard_of(key);
         // The shard's change moves `spilling` and `resident` (or
