@@ -14,7 +14,8 @@
 //! messages' metadata, then the arrays' own buffers, written to disk from
 //! where they are, with no copy (unless lz4 compresses the record).
 
-use super::{EncodedPieces, Spill};
+use super::pieces::EncodedPieces;
+use super::spill::Spill;
 use crate::error::BoxError;
 use arrow_array::{Array, RecordBatch};
 use arrow_buffer::Buffer;

@@ -2,7 +2,7 @@
 //! its memory; read back into a vector that becomes the `Bytes` itself,
 //! so the bytes read are the bytes handed out, with no second copy.
 
-use super::Spill;
+use super::spill::Spill;
 use crate::error::BoxError;
 use ::bytes::Bytes;
 

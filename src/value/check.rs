@@ -1,7 +1,7 @@
 //! Checks every `Spill` impl's tests share: round trips through both
 //! paths, the in-place path's use of the read memory, and corrupt input.
 
-use super::Spill;
+use super::spill::Spill;
 use std::cell::Cell;
 use std::fmt::Debug;
 

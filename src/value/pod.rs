@@ -2,7 +2,7 @@
 //! bytes, with no per-element work, and read back straight into the
 //! vector's own memory.
 
-use super::Spill;
+use super::spill::Spill;
 use crate::error::BoxError;
 
 impl<T: bytemuck::Pod + Send + Sync> Spill for Vec<T> {

@@ -8,7 +8,7 @@
 //! ceased in December 2025 (RUSTSEC-2025-0141). The comparison:
 //! docs/value-types.md.
 
-use super::Spill;
+use super::spill::Spill;
 use crate::error::BoxError;
 use ::serde::de::DeserializeOwned;
 use ::serde::Serialize;

@@ -4,7 +4,7 @@
 //! from their memory and read back straight into it.
 
 use super::pod::elements;
-use super::Spill;
+use super::spill::Spill;
 use crate::error::BoxError;
 use std::sync::Arc;
 

@@ -1,7 +1,7 @@
 //! Strings: written as their UTF-8 bytes; read back into their own memory
 //! and checked.
 
-use super::Spill;
+use super::spill::Spill;
 use crate::error::BoxError;
 
 impl Spill for String {
