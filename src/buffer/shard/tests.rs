@@ -2,6 +2,7 @@
 //! lock, with no threads and no files.
 
 use super::*;
+use crate::buffer::hit::Released;
 
 fn shard_with(keys: &[u32]) -> Shard<u32, u32> {
     let mut s = Shard::new();

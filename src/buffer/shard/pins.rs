@@ -1,0 +1,127 @@
+//! Pins of a shard's entries: taken under the read lock (a hit, counted on
+//! the entry's hit pins) or under the write lock, released, and the lease
+//! a pin of an entry taken off its list holds (see `buffer::hit`).
+
+use super::Shard;
+use crate::buffer::entry::{Detached, Unpinned};
+use crate::buffer::hit::{HitPins, PinAt, Released};
+use std::borrow::Borrow;
+use std::hash::Hash;
+use std::sync::Arc;
+
+impl<K: Hash + Eq + Clone, V> Shard<K, V> {
+    /// Pin `key`'s value under the read lock, if it is in memory and on its
+    /// list: the pin is counted on its hit pins, and the entry stays where
+    /// it is (its release records the use).
+    #[inline]
+    pub(crate) fn hit<Q>(&self, hash: u64, key: &Q) -> Option<Arc<HitPins<V>>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let n = self.node(self.find_hashed(hash, key)?);
+        let hits = n.hits.as_ref()?;
+        hits.try_pin().then(|| Arc::clone(hits))
+    }
+
+    /// One pin of slot `idx` (of `version`) released. Returns a value to
+    /// drop: one the entry dropped (a clean eviction: `true`), or the
+    /// value of a removed or replaced entry that this pin was the last to
+    /// hold (`false`).
+    pub(crate) fn unpin(
+        &mut self,
+        idx: u32,
+        version: u64,
+        consume: bool,
+        target: usize,
+        tick: impl FnOnce() -> u64,
+    ) -> Option<(Arc<V>, bool)> {
+        let n = match self.slab.get_mut(idx as usize) {
+            Some(Some(n)) if n.version == version => n,
+            _ => {
+                let value = self.release_detached(version, Detached::unpin)?;
+                return Some((value, false));
+            }
+        };
+        let (next, d) = n.unpin(consume, target);
+        self.add(d);
+        match next {
+            Unpinned::Nothing => None,
+            Unpinned::Freed(value) => {
+                self.drop_hits(idx);
+                Some((value, true))
+            }
+            Unpinned::Link {
+                kind,
+                first_out: true,
+            } => {
+                self.link_back(idx, kind);
+                None
+            }
+            Unpinned::Link { kind, .. } => {
+                self.link_front(idx, kind, tick());
+                None
+            }
+        }
+    }
+
+    /// One more pin of slot `idx` (a guard cloned).
+    pub(crate) fn repin(&mut self, idx: u32, version: u64) {
+        match self.slab.get_mut(idx as usize) {
+            Some(Some(n)) if n.version == version => n.repin(),
+            _ => {
+                if let Some(det) = self.detached.get_mut(&version) {
+                    det.repin();
+                }
+            }
+        }
+    }
+
+    /// The last pin of a lease of `hits` was released: the entry's lease
+    /// pin goes, as [`Shard::unpin`] (consuming, if `consume`); for an
+    /// entry removed or replaced meanwhile, the detached value's pin.
+    pub(crate) fn lease_ended(
+        &mut self,
+        hits: &HitPins<V>,
+        consume: bool,
+        target: usize,
+        tick: impl FnOnce() -> u64,
+    ) -> Option<(Arc<V>, bool)> {
+        hits.lease_returned();
+        let at = hits.at();
+        self.unpin(at.slot, at.version, consume, target, tick)
+    }
+
+    /// A holder of a pin of `hits` consumed it: that pin goes, and the
+    /// entry is first in line once no pin is left. The entry comes off its
+    /// list first (the pins of `hits` become a lease) so that the release
+    /// is the shard's to order.
+    pub(crate) fn consume_hit(
+        &mut self,
+        hits: &HitPins<V>,
+        target: usize,
+        tick: impl FnOnce() -> u64,
+    ) -> Option<(Arc<V>, bool)> {
+        let live = self.live(hits.at());
+        if let Some(idx) = live {
+            self.unlink(idx);
+        }
+        match hits.release(false) {
+            Released::EndLease => self.lease_ended(hits, true, target, tick),
+            Released::Done => {
+                if let Some(idx) = live {
+                    self.node_mut(idx).mark_consumed();
+                }
+                None
+            }
+        }
+    }
+
+    /// The slot at `at`, if it still holds that version.
+    fn live(&self, at: PinAt) -> Option<u32> {
+        match self.slab.get(at.slot as usize) {
+            Some(Some(n)) if n.version == at.version => Some(at.slot),
+            _ => None,
+        }
+    }
+}
