@@ -16,6 +16,7 @@
 //!   hashing.
 
 pub(crate) mod accounting;
+pub(crate) mod detached;
 pub(crate) mod entry;
 pub(crate) mod evict;
 pub(crate) mod eviction;

@@ -28,7 +28,8 @@ mod unspill;
 mod validate;
 
 use crate::buffer::accounting::Delta;
-use crate::buffer::entry::{Detached, ListKind, Node, Removed, State};
+use crate::buffer::detached::{Detached, Removed};
+use crate::buffer::entry::{ListKind, Node, State};
 use crate::buffer::hash::KeyHash;
 use crate::buffer::hit::{HitContext, HitPins, PinAt};
 use crate::buffer::lru::{Lists, Slab};

@@ -3,7 +3,8 @@
 //! a pin of an entry taken off its list holds (see `buffer::hit`).
 
 use super::Shard;
-use crate::buffer::entry::{Detached, Unpinned};
+use crate::buffer::detached::Detached;
+use crate::buffer::entry::Unpinned;
 use crate::buffer::hit::{HitPins, PinAt, Released};
 use std::borrow::Borrow;
 use std::hash::Hash;

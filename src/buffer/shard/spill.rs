@@ -3,7 +3,8 @@
 //! outcome of its write (done, failed, no longer wanted).
 
 use super::{After, Shard};
-use crate::buffer::entry::{Detached, Evicted, ListKind};
+use crate::buffer::detached::Detached;
+use crate::buffer::entry::{Evicted, ListKind};
 use crate::buffer::hit::HitPins;
 use crate::buffer::spill_queue::SpillJob;
 use crate::store::DiskLoc;
