@@ -56,17 +56,17 @@
 mod buffer;
 mod config;
 mod error;
+mod frame;
 mod io;
 mod metrics;
-mod record;
 mod store;
 mod value;
 
 pub use buffer::{Key, Pinned, SpillBuffer};
 pub use config::Builder;
 pub use error::{BoxError, Error, InsertError, Result, SharedError, SpillFailure};
+pub use frame::Record;
 pub use metrics::Stats;
-pub use record::Record;
 pub use store::codec::Compression;
 pub use store::storage::{FsStorage, SegmentFile, Storage};
 #[cfg(feature = "serde")]

@@ -24,7 +24,7 @@
 //! word is open exactly when its entry is on a list (`validate()` checks
 //! it).
 
-use crate::buffer::tick::Ticks;
+use crate::buffer::clock::Ticks;
 use std::sync::atomic::{
     AtomicIsize, AtomicU64,
     Ordering::{AcqRel, Relaxed},

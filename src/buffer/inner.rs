@@ -147,7 +147,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
     /// counts as before it: at or after every shard's newest tick and
     /// every tick the calling thread took, before every tick it takes
     /// next (exact for a single thread). Another thread's uses may be up
-    /// to [`SLACK`](super::tick::SLACK) ticks ahead.
+    /// to [`SLACK`](super::clock::SLACK) ticks ahead.
     pub(crate) fn now(&self) -> u64 {
         let floor = self.shards.iter().map(|sh| sh.clock.load(Relaxed)).max();
         self.ctx.ticks.now(floor.unwrap_or(0))

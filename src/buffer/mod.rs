@@ -12,10 +12,11 @@
 //!   `insert_async` refuses a value;
 //! - [`transfer`]: records handed out and taken in without decoding;
 //! - [`pinned`]: the [`Pinned`] guard; [`hit`]: the pins a lookup takes
-//!   under a shard's read lock; [`tick`], [`hash`]: the LRU clock, key
+//!   under a shard's read lock; [`clock`], [`hash`]: the LRU clock, key
 //!   hashing.
 
 pub(crate) mod accounting;
+pub(crate) mod clock;
 pub(crate) mod detached;
 pub(crate) mod entry;
 pub(crate) mod evict;
@@ -32,7 +33,6 @@ pub(crate) mod shard;
 pub(crate) mod spill_queue;
 #[cfg(test)]
 mod tests;
-pub(crate) mod tick;
 mod transfer;
 #[cfg(any(test, feature = "testing"))]
 mod validate;
@@ -112,7 +112,7 @@ impl<K: Key, V: Spill> Builder<K, V> {
         let cfg = self.check()?;
         let dirs = SpillDirs::create(&cfg.dirs)?;
         #[cfg(feature = "metrics")]
-        let pool = Pool::with_tick(cfg.io_threads, cfg.metrics_interval);
+        let pool = Pool::with_periodic(cfg.io_threads, cfg.metrics_interval);
         #[cfg(not(feature = "metrics"))]
         let pool = Pool::new(cfg.io_threads);
         let pool =
@@ -132,7 +132,7 @@ impl<K: Key, V: Spill> Builder<K, V> {
         {
             // Weak: the pool's threads must not keep the buffer alive.
             let weak = Arc::downgrade(&inner);
-            inner.pool.on_tick(Box::new(move || {
+            inner.pool.on_period(Box::new(move || {
                 if let Some(inner) = weak.upgrade() {
                     inner.publish_stats();
                 }

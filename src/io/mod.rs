@@ -7,7 +7,7 @@
 //! It counts queued and running jobs so that `flush` can wait for all of
 //! them, from async code or from a blocking caller, and measures its
 //! wall-clock busy time ([`busy`]). With the `metrics` feature its threads
-//! also run a periodic callback ([`tick`]) between jobs.
+//! also run a periodic callback ([`periodic`]) between jobs.
 //!
 //! Jobs that move a record between a host's stream (a peer's socket) and
 //! disk run on threads of their own ([`streams`]): they may wait on the
@@ -15,28 +15,28 @@
 //! the queues above.
 
 mod busy;
-mod streams;
 #[cfg(feature = "metrics")]
-mod tick;
+mod periodic;
+mod streams;
 
 use busy::Busy;
 use crossbeam_channel::{Receiver, Select, Sender};
 use parking_lot::{Condvar, Mutex, RwLock};
+#[cfg(feature = "metrics")]
+use periodic::Periodic;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::thread::{JoinHandle, ThreadId};
 use streams::Streams;
 pub(crate) use streams::{Free, StreamJob};
-#[cfg(feature = "metrics")]
-use tick::Tick;
 
 /// The periodic callback of the threads, if any: `None` without the
 /// `metrics` feature, so that the build without it is the plain pool.
 #[cfg(feature = "metrics")]
-type MaybeTick = Option<Arc<Tick>>;
+type MaybePeriodic = Option<Arc<Periodic>>;
 #[cfg(not(feature = "metrics"))]
-type MaybeTick = Option<Arc<std::convert::Infallible>>;
+type MaybePeriodic = Option<Arc<std::convert::Infallible>>;
 
 /// A unit of work for the pool.
 pub(crate) type Job = Box<dyn FnOnce() + Send + 'static>;
@@ -101,7 +101,7 @@ pub(crate) struct Pool {
     /// Threads for jobs that wait on a host's stream, started on demand.
     streams: Streams,
     #[cfg(feature = "metrics")]
-    tick: MaybeTick,
+    periodic: MaybePeriodic,
 }
 
 impl Pool {
@@ -110,7 +110,7 @@ impl Pool {
         all(feature = "metrics", not(test)),
         expect(
             dead_code,
-            reason = "with the metrics feature, buffers start pools with a tick"
+            reason = "with the metrics feature, buffers start pools with a periodic callback"
         )
     )]
     pub(crate) fn new(threads: usize) -> std::io::Result<Pool> {
@@ -118,22 +118,25 @@ impl Pool {
     }
 
     /// Start `threads` IO threads that run the callback given to
-    /// [`Pool::on_tick`] at most once per `every`: after a job, or after
+    /// [`Pool::on_period`] at most once per `every`: after a job, or after
     /// waiting that long for one.
     #[cfg(feature = "metrics")]
-    pub(crate) fn with_tick(threads: usize, every: std::time::Duration) -> std::io::Result<Pool> {
-        Pool::start(threads, Some(Arc::new(Tick::new(every))))
+    pub(crate) fn with_periodic(
+        threads: usize,
+        every: std::time::Duration,
+    ) -> std::io::Result<Pool> {
+        Pool::start(threads, Some(Arc::new(Periodic::new(every))))
     }
 
-    /// Set the callback of a pool made by [`Pool::with_tick`].
+    /// Set the callback of a pool made by [`Pool::with_periodic`].
     #[cfg(feature = "metrics")]
-    pub(crate) fn on_tick(&self, run: Box<dyn Fn() + Send + Sync>) {
-        if let Some(t) = &self.tick {
+    pub(crate) fn on_period(&self, run: Box<dyn Fn() + Send + Sync>) {
+        if let Some(t) = &self.periodic {
             t.set(run);
         }
     }
 
-    fn start(threads: usize, tick: MaybeTick) -> std::io::Result<Pool> {
+    fn start(threads: usize, periodic: MaybePeriodic) -> std::io::Result<Pool> {
         let channels: [(Sender<Job>, Receiver<Job>); QUEUES] =
             std::array::from_fn(|_| crossbeam_channel::unbounded());
         let rx = channels.each_ref().map(|(_, rx)| rx.clone());
@@ -148,10 +151,10 @@ impl Pool {
             let stop = stop_rx.clone();
             let idle = Arc::clone(&idle);
             let busy = Arc::clone(&busy);
-            let tick = tick.clone();
+            let periodic = periodic.clone();
             let h = std::thread::Builder::new()
                 .name(format!("spillbuffer-io-{i}"))
-                .spawn(move || worker(rx, stop, idle, busy, tick))?;
+                .spawn(move || worker(rx, stop, idle, busy, periodic))?;
             handles.push(h);
         }
         Ok(Pool {
@@ -167,7 +170,7 @@ impl Pool {
             busy,
             threads: Mutex::new(handles),
             #[cfg(feature = "metrics")]
-            tick,
+            periodic,
         })
     }
 
@@ -285,10 +288,10 @@ fn worker(
     stop: Receiver<()>,
     idle: Arc<Idle>,
     busy: Arc<Busy>,
-    tick: MaybeTick,
+    periodic: MaybePeriodic,
 ) {
     loop {
-        let job = match next_job(&rx, &stop, &tick) {
+        let job = match next_job(&rx, &stop, &periodic) {
             Some(job) => job,
             None => return,
         };
@@ -298,28 +301,32 @@ fn worker(
         }
         busy.end();
         // Before the job counts as done, so that a `flush` returns after
-        // what the tick publishes of the job's outcome.
-        run_tick(&tick);
+        // what the periodic callback publishes of the job's outcome.
+        run_periodic(&periodic);
         idle.done();
     }
 }
 
-/// Run the tick's callback if it is due, containing a panic in it.
+/// Run the periodic callback if it is due, containing a panic in it.
 #[cfg_attr(not(feature = "metrics"), inline(always))]
-fn run_tick(tick: &MaybeTick) {
+fn run_periodic(periodic: &MaybePeriodic) {
     #[cfg(feature = "metrics")]
-    if let Some(t) = tick {
+    if let Some(t) = periodic {
         if catch_unwind(AssertUnwindSafe(|| t.run_if_due())).is_err() {
             tracing::error!("a spillbuffer metrics publication panicked; the pool keeps running");
         }
     }
     #[cfg(not(feature = "metrics"))]
-    let _ = tick;
+    let _ = periodic;
 }
 
 /// The highest-priority job available, waiting if there is none. `None`
 /// when the pool is stopping.
-fn next_job(rx: &[Receiver<Job>; QUEUES], stop: &Receiver<()>, tick: &MaybeTick) -> Option<Job> {
+fn next_job(
+    rx: &[Receiver<Job>; QUEUES],
+    stop: &Receiver<()>,
+    periodic: &MaybePeriodic,
+) -> Option<Job> {
     loop {
         if stop.try_recv() == Err(crossbeam_channel::TryRecvError::Disconnected) {
             return None;
@@ -337,13 +344,13 @@ fn next_job(rx: &[Receiver<Job>; QUEUES], stop: &Receiver<()>, tick: &MaybeTick)
         // Only wait for readiness; the loop above then takes the job in
         // priority order.
         #[cfg(feature = "metrics")]
-        if let Some(t) = tick {
+        if let Some(t) = periodic {
             if sel.ready_timeout(t.idle_wait()).is_err() {
-                run_tick(tick);
+                run_periodic(periodic);
             }
             continue;
         }
-        let _ = tick;
+        let _ = periodic;
         sel.ready();
     }
 }

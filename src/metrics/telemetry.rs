@@ -25,7 +25,7 @@ impl Telemetry {
     /// `name` as the host gave it, or the next number of the unnamed.
     /// With the `metrics` feature, describes every metric to the recorder
     /// installed now; values are published on every [`Telemetry::stats`]
-    /// and from the IO pool's ticks ([`Telemetry::tick`]).
+    /// and from the IO pool's periodic callback ([`Telemetry::tick`]).
     pub(crate) fn new(name: Option<&str>) -> Telemetry {
         let name: Arc<str> = match name {
             Some(n) => n.into(),

@@ -309,7 +309,7 @@ fn a_held_segment_keeps_its_dead_records_until_the_hold_goes() {
         let mut wire = Vec::new();
         let n = hold.send(k, 1, &mut wire).unwrap();
         assert_eq!(n, wire.len() as u64);
-        let body = &wire[crate::record::FRAME..];
+        let body = &wire[crate::frame::FRAME..];
         assert_eq!(body.len() as u64, l.len());
         let want = vec![*k as u8; len_of(*k)];
         assert_eq!(record::open(body).unwrap().payload, want, "{k}");

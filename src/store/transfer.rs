@@ -2,7 +2,7 @@
 //! record read as stored, a value in memory encoded exactly as a spill
 //! would write it (but not written), and a received record checked and
 //! appended to a segment as it came — whole, or streamed from a reader
-//! piece by piece. The framing around them is [`crate::record`]'s; the
+//! piece by piece. The framing around them is [`crate::frame`]'s; the
 //! buffer decides which source a key's record comes from
 //! (`buffer::transfer`).
 
@@ -15,7 +15,7 @@ use super::spare;
 use super::storage::SegmentFile;
 use super::{DiskLoc, Store};
 use crate::error::{Error, Result};
-use crate::record::{parse_frame, seal_frame, split_head, Record, FRAME};
+use crate::frame::{parse_frame, seal_frame, split_head, Record, FRAME};
 use crate::value::Spill;
 use std::fmt::Debug;
 use std::io::{self, Read, Write};

@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// The shortest wait of an idle thread between ticks, so that a zero
+/// The shortest wait of an idle thread between runs, so that a zero
 /// interval does not spin.
 const MIN_IDLE_WAIT: Duration = Duration::from_millis(10);
 
-pub(crate) struct Tick {
+pub(crate) struct Periodic {
     every: Duration,
     /// Set once the buffer exists, after the threads have started.
     run: OnceLock<Box<dyn Fn() + Send + Sync>>,
@@ -20,9 +20,9 @@ pub(crate) struct Tick {
     next_ns: AtomicU64,
 }
 
-impl Tick {
-    pub(crate) fn new(every: Duration) -> Tick {
-        Tick {
+impl Periodic {
+    pub(crate) fn new(every: Duration) -> Periodic {
+        Periodic {
             every,
             run: OnceLock::new(),
             epoch: Instant::now(),
@@ -30,12 +30,12 @@ impl Tick {
         }
     }
 
-    /// Set what a tick runs; only the first call counts.
+    /// Set the callback; only the first call counts.
     pub(crate) fn set(&self, run: Box<dyn Fn() + Send + Sync>) {
         let _ = self.run.set(run);
     }
 
-    /// How long an idle thread waits for a job before it ticks.
+    /// How long an idle thread waits for a job before it runs the callback.
     pub(crate) fn idle_wait(&self) -> Duration {
         self.every.max(MIN_IDLE_WAIT)
     }
