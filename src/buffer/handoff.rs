@@ -4,9 +4,8 @@
 //!
 //! A blocking `get` of a value on disk makes one of these per call. It is
 //! one small allocation and two uncontended lock round trips; a bounded
-//! channel (what this replaces) allocates a cache-padded, over-aligned
-//! block and cost ~0.28 µs more per `get` of a small value on this VM,
-//! a fifth of the whole call (docs/design.md, "Read path").
+//! channel allocates a cache-padded, over-aligned block, a noticeable part
+//! of a `get` of a small value.
 
 use parking_lot::{Condvar, Mutex};
 use std::sync::Arc;

@@ -1,7 +1,8 @@
 //! The key hash: one seeded folded-multiply hash (the construction of
 //! foldhash and of ahash's fallback) used both to pick a key's shard and
-//! to find it in the shard's table. SipHash, std's default, costs ~15 ns
-//! per integer key and was paid twice per lookup; this costs ~1 ns. The
+//! to find it in the shard's table. SipHash, std's default, costs an
+//! order of magnitude more per integer key, and would be paid twice per
+//! lookup. The
 //! seed is random per buffer, so the layout of one process's tables says
 //! nothing about another's.
 

@@ -1,19 +1,24 @@
 //! The public [`SpillBuffer`]: a thin handle over the shared state in
 //! [`inner`], which coordinates the parts:
 //!
+//! - components that own their state, each behind a small interface:
+//!   [`accounting`] (the memory gauges, target and limit, and the
+//!   `insert_async` waiters), [`eviction`] (the eviction order, the write
+//!   back-off, one evictor at a time), [`spill_queue`] (victims waiting
+//!   to be written, failures by kind);
 //! - [`entry`]: an entry's states and transitions, and the gauge changes
-//!   each makes;
+//!   ([`accounting::Delta`]) each makes; [`detached`]: values that outlive
+//!   their entry;
 //! - [`shard`]: one shard of the index (map, slab, [`lru`] lists), which
 //!   applies transitions under its lock and says what to do after it;
-//! - [`evict`], [`write`], [`read`], [`memory`]: eviction order and
-//!   back-off, the write path, the read path and prefetch, the gauges and
-//!   back-pressure;
-//! - [`failure`]: spill failures by cause, the last one, and when
-//!   `insert_async` refuses a value;
-//! - [`transfer`]: records handed out and taken in without decoding;
+//! - the coordinator's operations, by concern: [`evict`] (the eviction
+//!   loop), [`write`] (the write path), [`failure`] (what a failed spill
+//!   does, and when `insert_async` refuses a value), [`read`] (the read
+//!   path and prefetch), [`transfer`] (records handed out and taken in
+//!   without decoding);
 //! - [`pinned`]: the [`Pinned`] guard; [`hit`]: the pins a lookup takes
 //!   under a shard's read lock; [`clock`], [`hash`]: the LRU clock, key
-//!   hashing.
+//!   hashing; [`handoff`]: the one-shot a blocking `get` waits on.
 
 pub(crate) mod accounting;
 pub(crate) mod clock;
