@@ -11,11 +11,12 @@
 //!   their entry;
 //! - [`shard`]: one shard of the index (map, slab, [`lru`] lists), which
 //!   applies transitions under its lock and says what to do after it;
-//! - the coordinator's operations, by concern: [`evict`] (the eviction
-//!   loop), [`write`] (the write path), [`failure`] (what a failed spill
-//!   does, and when `insert_async` refuses a value), [`read`] (the read
-//!   path and prefetch), [`transfer`] (records handed out and taken in
-//!   without decoding);
+//! - [`inner`]: the coordinator, whose fields are private to it; its
+//!   operations by concern: `inner::evict` (the eviction loop),
+//!   `inner::write` (the write path), `inner::failure` (what a failed
+//!   spill does, and when `insert_async` refuses a value), `inner::read`
+//!   (the read path and prefetch), `inner::transfer` (records handed out
+//!   and taken in without decoding);
 //! - [`pinned`]: the [`Pinned`] guard; [`hit`]: the pins a lookup takes
 //!   under a shard's read lock; [`clock`], [`hash`]: the LRU clock, key
 //!   hashing; [`handoff`]: the one-shot a blocking `get` waits on.
@@ -24,24 +25,17 @@ pub(crate) mod accounting;
 pub(crate) mod clock;
 pub(crate) mod detached;
 pub(crate) mod entry;
-pub(crate) mod evict;
 pub(crate) mod eviction;
-pub(crate) mod failure;
 pub(crate) mod handoff;
 pub(crate) mod hash;
 pub(crate) mod hit;
 pub(crate) mod inner;
 pub(crate) mod lru;
 pub(crate) mod pinned;
-pub(crate) mod read;
 pub(crate) mod shard;
 pub(crate) mod spill_queue;
 #[cfg(test)]
 mod tests;
-mod transfer;
-#[cfg(any(test, feature = "testing"))]
-mod validate;
-pub(crate) mod write;
 
 use crate::config::Builder;
 use crate::error::{Error, InsertError, Result, SpillFailure};
@@ -50,11 +44,12 @@ use crate::metrics::Stats;
 use crate::store::dirs::{sweep_stale, SpillDirs};
 use crate::store::{Store, StoreConfig};
 use crate::value::Spill;
+use inner::failure::Admission;
+use inner::read::Lookup;
 use inner::Inner;
 use parking_lot::Mutex;
 pub use pinned::Pinned;
 use pinned::Waiter;
-use read::Lookup;
 use std::borrow::Borrow;
 use std::fmt::{self, Debug};
 use std::hash::Hash;
@@ -93,7 +88,7 @@ struct Handle<K, V> {
 
 impl<K, V> Drop for Handle<K, V> {
     fn drop(&mut self) {
-        self.inner.pool.shutdown();
+        self.inner.pool().shutdown();
         // Pins may outlive the buffer; their values are in memory, so the
         // files can go.
         drop(self.dirs.lock().take());
@@ -137,14 +132,14 @@ impl<K: Key, V: Spill> Builder<K, V> {
         {
             // Weak: the pool's threads must not keep the buffer alive.
             let weak = Arc::downgrade(&inner);
-            inner.pool.on_period(Box::new(move || {
+            inner.pool().on_period(Box::new(move || {
                 if let Some(inner) = weak.upgrade() {
                     inner.publish_stats();
                 }
             }));
         }
         for parent in cfg.dirs {
-            inner.pool.submit(
+            inner.pool().submit(
                 crate::io::Priority::Background,
                 Box::new(move || drop(sweep_stale(&parent))),
             );
@@ -221,15 +216,15 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
         let inner = self.inner();
         loop {
             match inner.admission() {
-                failure::Admission::Admit => break,
-                failure::Admission::Wait => inner.accounting.wait_for_memory().await,
-                failure::Admission::Refuse(error) => {
+                Admission::Admit => break,
+                Admission::Wait => inner.accounting().wait_for_memory().await,
+                Admission::Refuse(error) => {
                     return Err(InsertError { key, value, error });
                 }
             }
         }
         inner.insert(key, value);
-        inner.accounting.wait_for_memory().await;
+        inner.accounting().wait_for_memory().await;
         Ok(())
     }
 
@@ -432,13 +427,13 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
     /// ([`SpillBuffer::receive_record`], [`SpillBuffer::send_record`]):
     /// those wait on their peers.
     pub async fn flush(&self) -> Result<()> {
-        self.inner().pool.wait_idle().await;
+        self.inner().pool().wait_idle().await;
         Ok(())
     }
 
     /// Block until all queued IO has finished.
     pub fn flush_blocking(&self) -> Result<()> {
-        self.inner().pool.wait_idle_blocking();
+        self.inner().pool().wait_idle_blocking();
         Ok(())
     }
 
@@ -458,7 +453,7 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
     pub fn keys(&self) -> Vec<K> {
         let inner = self.inner();
         let mut out = Vec::with_capacity(self.len());
-        for s in 0..inner.shards.len() {
+        for s in 0..inner.shard_count() {
             inner.with_shard(s, |shard| {
                 out.extend(shard.nodes().map(|(_, n)| n.key.clone()))
             });
@@ -468,7 +463,7 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
 
     /// Number of live keys.
     pub fn len(&self) -> usize {
-        self.inner().accounting.len()
+        self.inner().accounting().len()
     }
 
     /// True when no key is present.

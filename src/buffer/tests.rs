@@ -90,7 +90,7 @@ fn a_guard_outlives_the_buffer_and_then_frees_it() {
 fn on_disk(b: &SpillBuffer<u64, Vec<f64>>) -> Vec<u64> {
     let inner = b.inner();
     let mut out = Vec::new();
-    for s in 0..inner.shards.len() {
+    for s in 0..inner.shard_count() {
         inner.with_shard(s, |shard| {
             out.extend(
                 shard
@@ -332,9 +332,9 @@ fn a_finished_write_evicts_what_a_concurrent_eviction_may_have_missed() {
         b.insert(k, vec![k as f64; 4]).unwrap();
     }
     // Key 0 waits to be written; the three others fill the target.
-    assert_eq!(inner.accounting.read().spilling, 32);
+    assert_eq!(inner.accounting().read().spilling, 32);
     assert_eq!(inner.over_target(), 0);
-    inner.accounting.store_target(2 * 32);
+    inner.accounting().store_target(2 * 32);
     assert_eq!(inner.over_target(), 32);
     go.send(()).unwrap();
     b.flush_blocking().unwrap();

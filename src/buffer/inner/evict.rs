@@ -4,10 +4,10 @@
 //! write). The order, the back-off and the one-evictor lock are
 //! [`super::eviction`]'s.
 
-use super::entry::ListKind;
-use super::eviction::choose;
-use super::inner::Inner;
-use super::Key;
+use super::Inner;
+use crate::buffer::entry::ListKind;
+use crate::buffer::eviction::choose;
+use crate::buffer::Key;
 use crate::metrics::Metrics;
 use crate::value::Spill;
 use std::sync::atomic::{fence, Ordering::Relaxed, Ordering::SeqCst};

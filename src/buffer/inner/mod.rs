@@ -1,15 +1,27 @@
 //! The shared state behind every [`super::SpillBuffer`] handle, and the
 //! coordinator of its parts: each operation locks a shard, asks it to
 //! apply the entry transitions ([`super::shard`]), and acts on what it
-//! returned after unlocking ([`Inner::act`]). Eviction, the write and read
-//! paths, memory and validation live in their own modules as further
-//! `impl Inner` blocks.
+//! returned after unlocking ([`Inner::act`]). The state it coordinates is
+//! held by components with interfaces of their own (accounting, eviction,
+//! the spill queue, the store, the IO pool); its fields are private to
+//! this module and to its operations, which live in child modules by
+//! concern: [`evict`], [`write`], [`failure`], [`read`], `transfer` and
+//! `validate`.
 //!
 //! Lock order (docs/design.md): at most two locks are held at once — a
 //! shard's (in write mode), then the prefetch admission lock inside it;
 //! a hit holds a shard's in read mode alone; the store's,
-//! the spill queue's and the memory waiters' are taken alone. Encoding, IO,
+//! the spill queue's, the failures' and the memory waiters' are taken
+//! alone. Encoding, IO,
 //! dropping values and waking waiters happen after every lock is released.
+
+pub(crate) mod evict;
+pub(crate) mod failure;
+pub(crate) mod read;
+mod transfer;
+#[cfg(any(test, feature = "testing"))]
+mod validate;
+pub(crate) mod write;
 
 use super::accounting::{Accounting, Delta};
 use super::entry::{ListKind, Node};
@@ -38,40 +50,40 @@ use std::sync::{Arc, Weak};
 /// separate cache lines.
 #[repr(C, align(128))]
 pub(crate) struct LockedShard<K, V> {
-    pub tails: [AtomicU64; 2],
+    tails: [AtomicU64; 2],
     /// The newest LRU tick taken for this shard. Written only under the
     /// shard lock; read without it by [`Ticks::next_synced`].
-    pub clock: AtomicU64,
+    clock: AtomicU64,
     /// Weight of this shard's pinned values. Written only under the shard
     /// lock (a load and a store, no read-modify-write), on the shard's own
     /// cache line: pins of keys in different shards never contend on it.
-    pub pinned: AtomicUsize,
+    pinned: AtomicUsize,
     /// Read mode for a pin of a listed entry ([`Shard::hit`]), write mode
     /// for everything else.
-    pub core: RwLock<Shard<K, V>>,
+    core: RwLock<Shard<K, V>>,
 }
 
 /// Aligned so that the `Arc` counts in front of it, which every `Pinned`
 /// clone and drop updates, sit on a cache line of their own.
 #[repr(align(128))]
 pub(crate) struct Inner<K, V> {
-    pub shards: Box<[LockedShard<K, V>]>,
-    pub hasher: KeyHash,
+    shards: Box<[LockedShard<K, V>]>,
+    hasher: KeyHash,
     /// The clock and the owner every entry's hit pins share.
     ctx: Arc<HitContext<V>>,
-    pub next_version: AtomicU64,
+    next_version: AtomicU64,
     /// Memory held against the target and the limit, and the
     /// `insert_async` callers waiting for it to fall.
-    pub accounting: Accounting,
-    pub store: Store<K>,
-    pub pool: Pool,
-    pub metrics: Metrics,
+    accounting: Accounting,
+    store: Store<K>,
+    pool: Pool,
+    metrics: Metrics,
     /// The buffer's name, its metrics publisher.
-    pub telemetry: Telemetry,
+    telemetry: Telemetry,
     /// Victims waiting to be written, and the failures of writes.
-    pub spill_queue: SpillQueue<K, V>,
+    spill_queue: SpillQueue<K, V>,
     /// The eviction order, the write back-off and the one-evictor lock.
-    pub eviction: Eviction,
+    eviction: Eviction,
     me: Weak<Inner<K, V>>,
 }
 
@@ -81,6 +93,24 @@ pub(crate) struct Inner<K, V> {
 /// size), which a host's event loop should not pay. Smaller values are
 /// freed in place; handing them off would cost more than the free.
 pub(crate) const HEAVY_DROP: usize = 1 << 20;
+
+impl<K, V> Inner<K, V> {
+    /// Memory held against the target and the limit, and the
+    /// `insert_async` callers waiting for it to fall.
+    pub(crate) fn accounting(&self) -> &Accounting {
+        &self.accounting
+    }
+
+    /// The IO pool, for the handle to wait on and to shut down.
+    pub(crate) fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// Number of shards of the index.
+    pub(crate) fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+}
 
 impl<K: Key, V: Spill> Inner<K, V> {
     pub(crate) fn new(cfg: &Config, store: Store<K>, pool: Pool) -> Arc<Self> {

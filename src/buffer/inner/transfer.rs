@@ -6,12 +6,12 @@
 //! key's record, makes sure the bytes read were still that key's, and
 //! installs a received record as an on-disk entry.
 
-use super::accounting::Delta;
-use super::inner::Inner;
-use super::pinned::Pinned;
 use super::read::Lookup;
-use super::shard::After;
-use super::{Key, SpillBuffer};
+use super::Inner;
+use crate::buffer::accounting::Delta;
+use crate::buffer::pinned::Pinned;
+use crate::buffer::shard::After;
+use crate::buffer::{Key, SpillBuffer};
 use crate::error::{Error, Result};
 use crate::frame::{Encoding, Record};
 use crate::io::{Free, Priority};

@@ -2,10 +2,10 @@
 //! "What `validate()` checks"): compiled for this crate's tests and with
 //! the `testing` feature, for the model tests and fuzz targets.
 
-use super::accounting::{Delta, Readings};
-use super::entry::{ListKind, State};
-use super::inner::Inner;
-use super::Key;
+use super::Inner;
+use crate::buffer::accounting::{Delta, Readings};
+use crate::buffer::entry::{ListKind, State};
+use crate::buffer::Key;
 use crate::value::Spill;
 use std::sync::atomic::Ordering::Relaxed;
 

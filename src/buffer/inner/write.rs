@@ -4,9 +4,9 @@
 //! Each outcome is applied to its entry (spill done or failed) under the
 //! entry's shard lock; a failure goes to [`super::failure`].
 
-use super::inner::Inner;
-use super::spill_queue::SpillJob;
-use super::Key;
+use super::Inner;
+use crate::buffer::spill_queue::SpillJob;
+use crate::buffer::Key;
 use crate::io::Priority;
 use crate::metrics::spans::JobSpan;
 use crate::metrics::Metrics;

@@ -5,10 +5,10 @@
 //! within the target next to what is resident, dropping clean values to
 //! make room if that is enough.
 
-use super::inner::Inner;
-use super::pinned::{Pinned, Waiter};
-use super::shard::{After, Found, Wake};
-use super::Key;
+use super::Inner;
+use crate::buffer::pinned::{Pinned, Waiter};
+use crate::buffer::shard::{After, Found, Wake};
+use crate::buffer::Key;
 use crate::error::Result;
 use crate::io::Priority;
 use crate::metrics::spans::JobSpan;

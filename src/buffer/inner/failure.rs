@@ -15,8 +15,8 @@
 //! and one of these failures stands in the way, `insert_async` refuses new
 //! values (see [`Admission`]).
 
-use super::inner::Inner;
-use super::Key;
+use super::Inner;
+use crate::buffer::Key;
 use crate::error::{Error, SpillFailure};
 use crate::metrics::Metrics;
 use crate::value::Spill;
