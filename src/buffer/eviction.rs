@@ -106,7 +106,7 @@ impl Eviction {
 }
 
 /// After a failed write (I/O error, disk full, `max_spill`; not an encode
-/// error, see `buffer::failure`), evictions by the target stop queueing
+/// error, see `buffer::inner::failure`), evictions by the target stop queueing
 /// writes for a while (10 ms, doubling on each further failure up to 1 s,
 /// reset by a success, a `remove` or `retry_spills`): with a broken or full disk, every insert would otherwise
 /// re-encode and re-try every value over the target. Clean evictions go on,
