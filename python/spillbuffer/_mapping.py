@@ -164,10 +164,11 @@ class SpillBuffer(MutableMapping):
         heaviest value inserted so far (down to a quarter of ``target`` at
         most). Off by default; the Dask factory turns it on.
     evict_in_flight
-        ``evict()`` (the memory monitor's manual eviction) declines, returning
-        -1, while this many bytes or more are still being written, so that a
-        monitor re-reading process memory does not evict the whole memory
-        tier before the first writes land. Defaults to ``target // 8``.
+        ``evict()`` (the memory monitor's manual eviction) queues writes
+        until this many bytes are being written, and declines, returning
+        -1, while they are, so that a monitor re-reading process memory
+        does not evict the whole memory tier before the first writes land.
+        Defaults to ``target // 8``.
 
     Keys may be str, bytes, int, float, bool, None and tuples of them;
     values any object that pickles (or that distributed can serialize).
@@ -326,13 +327,14 @@ class SpillBuffer(MutableMapping):
 
     def evict(self) -> int:
         """The memory monitor's manual eviction: queue the least recently
-        used value for writing (or drop it, if it has a disk copy) and
-        return its weight. Returns -1, evicting nothing, when nothing is
-        evictable or when ``evict_in_flight`` bytes are already being
-        written, or when the write queued by the previous call has not
-        landed within ``evict_wait`` seconds (the monitor then re-checks at
-        its next tick instead of evicting the whole memory tier before the
-        first writes land and memory falls). Never raises."""
+        used values for writing (or drop them, if they have a disk copy),
+        at least one and up to ``evict_in_flight`` bytes being written in
+        all, and return their weight once written. Returns -1 when nothing
+        is evictable, when ``evict_in_flight`` bytes are already being
+        written, when the writes have not landed within ``evict_wait``
+        seconds (the monitor then re-checks at its next tick instead of
+        evicting the whole memory tier before memory falls), or when writes
+        failed since the last call. Never raises."""
         try:
             weight = self._core.evict_one(self._evict_in_flight, self.evict_wait)
             self._digest_io()
@@ -367,7 +369,11 @@ class SpillBuffer(MutableMapping):
     def prefetch(self, keys) -> None:
         """Read these keys back ahead of use, in order, on the IO pool, as
         far as they fit within the target next to what is resident."""
-        keys = [k for k in keys if k in self]
+        # Keys known to be in memory are left out here, with the GIL held
+        # (the binding's own map): on a workload of many small values most
+        # are, and every call into the buffer releases the GIL, which the
+        # event loop may then wait milliseconds to get back.
+        keys = [k for k in keys if not self._resident(k) and k in self]
         if keys:
             self._core.prefetch(keys)
 
@@ -378,6 +384,13 @@ class SpillBuffer(MutableMapping):
         (the next read of the key reports the error)."""
         keys = [k for k in keys if k in self]
         return self._core.hold(keys)
+
+    def _resident(self, key: object) -> bool:
+        """Known to be in memory (without asking the buffer, see ``fast``)."""
+        try:
+            return self._core.resident(key)
+        except TypeError:
+            return False
 
     def in_memory(self, key: object) -> bool:
         """Is ``key``'s value in memory now (reading it would not wait for
@@ -395,6 +408,14 @@ class SpillBuffer(MutableMapping):
             return self._core.consume(key)
         except TypeError:
             return False
+
+    def set_writes_first(self, on: bool) -> None:
+        """Tell the buffer whether the process's memory is short: while
+        ``on``, its IO pool writes values out before it reads any back
+        (reads, prefetches included, then wait longer). The Dask plugin
+        turns it on while process memory is over the worker's target
+        fraction."""
+        self._core.set_writes_first(bool(on))
 
     def flush(self) -> None:
         """Wait until all queued IO has finished (the GIL is released)."""
