@@ -190,10 +190,10 @@ class PrefetchPlugin(WorkerPlugin):
 
     def _memory_high(self) -> bool:
         """Is process memory over the worker's target fraction (where its
-        memory monitor evicts)? No read-ahead then. Process memory is read
-        at most every ``memory_every`` seconds: a read of /proc on every
-        transition of a workload of many small tasks cost the event loop
-        more than a millisecond each time."""
+        memory monitor evicts)? No read-ahead then, and the IO pool writes
+        first. Process memory is read at most every ``memory_every``
+        seconds: on a workload of many small tasks, a read of /proc on
+        every transition added up to seconds of the event loop's time."""
         now = time.monotonic()
         if now - self._memory_checked < self.memory_every:
             return self._memory_was_high
@@ -214,7 +214,10 @@ class PrefetchPlugin(WorkerPlugin):
         if high != self._memory_was_high and self.buffer is not None:
             # Above the target, a write that lands gives memory back and a
             # read takes more: the IO pool writes first.
-            self.buffer.set_writes_first(high)
+            try:
+                self.buffer.set_writes_first(high)
+            except RuntimeError:  # closed under a worker shutting down
+                pass
         self._memory_was_high = high
         return high
 
