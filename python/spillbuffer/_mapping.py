@@ -164,11 +164,10 @@ class SpillBuffer(MutableMapping):
         heaviest value inserted so far (down to a quarter of ``target`` at
         most). Off by default; the Dask factory turns it on.
     evict_in_flight
-        ``evict()`` (the memory monitor's manual eviction) queues writes
-        until this many bytes are being written, and declines, returning
-        -1, while they are, so that a monitor re-reading process memory
-        does not evict the whole memory tier before the first writes land.
-        Defaults to ``target // 8``.
+        ``evict()`` (the memory monitor's manual eviction) declines, returning
+        -1, while this many bytes or more are still being written, so that a
+        monitor re-reading process memory does not evict the whole memory
+        tier before the first writes land. Defaults to ``target // 8``.
 
     Keys may be str, bytes, int, float, bool, None and tuples of them;
     values any object that pickles (or that distributed can serialize).
@@ -327,14 +326,13 @@ class SpillBuffer(MutableMapping):
 
     def evict(self) -> int:
         """The memory monitor's manual eviction: queue the least recently
-        used values for writing (or drop them, if they have a disk copy),
-        at least one and up to ``evict_in_flight`` bytes being written in
-        all, and return their weight once written. Returns -1 when nothing
-        is evictable, when ``evict_in_flight`` bytes are already being
-        written, when the writes have not landed within ``evict_wait``
-        seconds (the monitor then re-checks at its next tick instead of
-        evicting the whole memory tier before memory falls), or when writes
-        failed since the last call. Never raises."""
+        used value for writing (or drop it, if it has a disk copy) and
+        return its weight. Returns -1, evicting nothing, when nothing is
+        evictable or when ``evict_in_flight`` bytes are already being
+        written, or when the write queued by the previous call has not
+        landed within ``evict_wait`` seconds (the monitor then re-checks at
+        its next tick instead of evicting the whole memory tier before the
+        first writes land and memory falls). Never raises."""
         try:
             weight = self._core.evict_one(self._evict_in_flight, self.evict_wait)
             self._digest_io()

@@ -19,7 +19,7 @@
 //!    therefore never holds the GIL, whatever the crate does under that
 //!    lock.
 //! 2. **The binding's own locks are leaves.** `buf`, `known`,
-//!    `errors_seen`, `Held::pins` and the [`Hooks`] maps are held only
+//!    `manual_pending`, `Held::pins` and the [`Hooks`] maps are held only
 //!    for a map or vector operation: never across a call into the crate,
 //!    a wait for the GIL, Python code, or the drop of a value. Taking one
 //!    with or without the GIL cannot close a cycle.
@@ -72,8 +72,9 @@ pub struct Core {
     /// Total weight of the known keys.
     weight_total: AtomicU64,
     deserialize_nanos: AtomicU64,
-    /// Failed spills counted at the last manual eviction. (Leaf.)
-    errors_seen: Mutex<u64>,
+    /// After a manual eviction queued a write: the count of landed writes
+    /// (done or failed) to reach before the next one. (Leaf.)
+    manual_pending: Mutex<Option<u64>>,
 }
 
 /// Drop `t` with the GIL released: a [`Pinned`] or a buffer handle, whose
@@ -178,54 +179,56 @@ impl Core {
     /// [`Core::evict_one`], with the GIL released: the weight evicted, or
     /// `None` for the -1 the protocol asks.
     fn evict_one_unlocked(&self, buf: &Buffer, cap: u64, wait_s: f64) -> Option<i64> {
-        let wait = Duration::from_secs_f64(wait_s.max(0.0));
-        // Writes failed since the last call: tell the monitor, which then
-        // stops trying (the values stay in memory, the errors are reported).
-        let errors = buf.stats().spill_errors_total;
-        let seen = std::mem::replace(&mut *self.errors_seen.lock(), errors);
-        if errors > seen {
+        let landed = |s: &Stats| s.spill_count_total + s.spill_errors_total;
+        let pending = *self.manual_pending.lock();
+        if let Some(threshold) = pending {
+            if landed(&buf.stats()) < threshold {
+                return None;
+            }
+            // (Another thread may have set a new one meanwhile: keep it.)
+            let mut pending = self.manual_pending.lock();
+            if *pending == Some(threshold) {
+                *pending = None;
+            }
+        }
+        let before = buf.stats();
+        if before.spilling_bytes >= cap {
             return None;
         }
-        // Memory falls only as writes land: while `cap` bytes are being
-        // written, queue nothing more (waiting a little for some to land).
-        let mut in_flight = buf.stats().spilling_bytes;
-        if in_flight >= cap {
-            in_flight = wait_for(wait, || buf.stats().spilling_bytes, |b| b < cap)?;
-        }
-        // One batch of at least one value, up to the cap: the monitor gets
-        // as much memory back per round with small values as with large
-        // ones. Values with a disk copy are dropped at once.
-        let w = buf.evict((cap - in_flight).max(1) as usize);
+        let w = buf.evict(1);
         if w == 0 {
             return None;
         }
-        // Done when what is being written is back to where it was before
-        // this batch. Writes still in flight after the wait: -1 ends the
-        // monitor's round before it concludes that evicting did not free
-        // memory (it would then run the garbage collector on the loop); it
-        // looks again at its next tick, when the cap lets it queue more.
-        wait_for(wait, || buf.stats().spilling_bytes, |b| b <= in_flight)?;
-        if buf.stats().spill_errors_total > errors {
-            *self.errors_seen.lock() = buf.stats().spill_errors_total;
-            return None;
+        // A clean eviction freed its memory at once; a dirty one queued a
+        // write. Writes land in queue order, so the next one landing is
+        // this one or one before it.
+        if buf.stats().clean_evictions_total == before.clean_evictions_total {
+            let threshold = landed(&before) + 1;
+            let wait = Duration::from_secs_f64(wait_s.max(0.0));
+            let deadline = Instant::now() + wait;
+            let done = loop {
+                if landed(&buf.stats()) >= threshold {
+                    break true;
+                }
+                if Instant::now() >= deadline {
+                    break false;
+                }
+                std::thread::sleep(Duration::from_micros(50));
+            };
+            if !done {
+                // Still in flight: memory has not fallen yet. -1 ends the
+                // monitor's round here, before it concludes that evicting
+                // did not free memory (it would then run the garbage
+                // collector on the loop); it looks again at its next tick.
+                *self.manual_pending.lock() = Some(threshold);
+                return None;
+            } else if buf.stats().spill_errors_total > before.spill_errors_total {
+                // It failed (the value stays in memory, the error is
+                // reported): tell the monitor, which then stops trying.
+                return None;
+            }
         }
         Some(w as i64)
-    }
-}
-
-/// Poll `read` until `done` says so or `wait` has passed: the last value
-/// read, or `None` on time-out.
-fn wait_for(wait: Duration, read: impl Fn() -> u64, done: impl Fn(u64) -> bool) -> Option<u64> {
-    let deadline = Instant::now() + wait;
-    loop {
-        let v = read();
-        if done(v) {
-            return Some(v);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_micros(50));
     }
 }
 
@@ -280,7 +283,7 @@ impl Core {
             known: Mutex::new(HashMap::new()),
             weight_total: AtomicU64::new(0),
             deserialize_nanos: AtomicU64::new(0),
-            errors_seen: Mutex::new(0),
+            manual_pending: Mutex::new(None),
         })
     }
 
@@ -411,19 +414,19 @@ impl Core {
             .collect()
     }
 
-    /// The memory monitor's eviction: evict the least recently used values
-    /// and return their weight, or -1 if nothing was evicted or their writes
-    /// are still in flight.
+    /// The memory monitor's eviction: evict the least recently used value
+    /// and return its weight, or -1 if nothing was evicted or its write is
+    /// still in flight.
     ///
     /// A monitor evicts, re-reads process memory and evicts again while it
-    /// is high; memory only falls once a write lands. So this queues one
-    /// batch, at least one value and up to `cap` bytes being written in
-    /// all, then waits up to `wait_s` (GIL released) for it to land, which
-    /// small writes do well within that. While `cap` bytes or more are
-    /// being written it queues nothing: the monitor then stops and tries
-    /// again at its next tick, instead of evicting the whole memory tier
-    /// before memory falls. Failed writes seen since the last call also
-    /// return -1, as the protocol asks.
+    /// is high; memory only falls once a write lands. So after queuing a
+    /// write this waits up to `wait_s` (GIL released) for it to land, which
+    /// a small write does well within that; and while a write so queued has
+    /// not landed, or `cap` bytes or more are being written, it evicts
+    /// nothing: the monitor then stops and tries again at its next tick,
+    /// instead of evicting the whole memory tier before memory falls.
+    /// A write seen failing within the wait also returns -1, as the
+    /// protocol asks.
     fn evict_one(&self, py: Python<'_>, cap: u64, wait_s: f64) -> PyResult<i64> {
         self.with_buffer(py, |buf| self.evict_one_unlocked(buf, cap, wait_s))
             .map(|w| w.unwrap_or(-1))
