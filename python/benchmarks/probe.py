@@ -3,11 +3,12 @@
 - ``LoopProbe`` (a ``WorkerPlugin``): on each worker, a ticker on the event
   loop (5 ms sleeps) records every gap over 100 ms, the worker's status
   changes to and from ``paused``, and the data mapping's cumulative disk
-  counters. Events carry ``time.monotonic()`` stamps (one clock for every
-  process of the machine), so the orchestrator keeps those inside the
-  workload's window. The probe writes its state to a file of its own
-  (one per worker process) twice a second, so the figures of a worker the
-  nanny kills are kept.
+  counters; with ``gap_stacks``, samples of the loop thread's stack while
+  the loop is late (what ran during the gaps). Events carry
+  ``time.monotonic()`` stamps (one clock for every process of the
+  machine), so the orchestrator keeps those inside the workload's window. The probe writes its state to a file of its own
+  (one per worker process) twice a second, from a thread (not the event
+  loop), so the figures of a worker the nanny kills are kept.
 - ``MemorySampler``: a thread of the orchestrating process that samples the
   resident memory of each nanny's worker process every 20 ms (from outside,
   so a worker whose loop or GIL is held does not hide its peaks, and a
@@ -21,8 +22,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import threading
 import time
+import traceback
+from collections import Counter
 
 import psutil
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
@@ -39,8 +43,11 @@ class LoopProbe(WorkerPlugin):
 
     name = "suite-loop-probe"
 
-    def __init__(self, directory: str):
+    def __init__(self, directory: str, gap_stacks: bool = False):
         self.directory = directory
+        #: Sample the loop thread's stack every 10 ms while the loop is late
+        #: (``run_one.py --gap-stacks``).
+        self.gap_stacks = gap_stacks
 
     async def setup(self, worker):
         self.worker = worker
@@ -48,27 +55,58 @@ class LoopProbe(WorkerPlugin):
         self.gaps: list[tuple[float, float]] = []  # (end, length)
         self.pauses: list[tuple[float, float | None]] = []  # (start, end or None)
         self.running = True
+        self._write_lock = threading.Lock()  # the writer thread's and teardown's
+        self.last_tick = time.monotonic()
+        self.samples: list[tuple[float, str]] = []  # (time, loop thread's stack) while late
         self.task = asyncio.get_running_loop().create_task(self._tick())
+        threading.Thread(target=self._write_periodically, name="suite-probe-writer", daemon=True).start()
+        if self.gap_stacks:
+            self.loop_thread = threading.get_ident()
+            threading.Thread(target=self._watch, name="suite-gap-stacks", daemon=True).start()
+
+    def _watch(self):
+        """While the loop is late by more than half a gap, record what its
+        thread runs, every 10 ms. This thread needs the GIL too: a late
+        stretch with no sample is one where another thread held it."""
+        while self.running:
+            time.sleep(0.01)
+            if time.monotonic() - self.last_tick < GAP / 2:
+                continue
+            frame = sys._current_frames().get(self.loop_thread)
+            if frame is None:
+                continue
+            lines = traceback.extract_stack(frame)[-10:]
+            del frame
+            stack = " <- ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in reversed(lines))
+            self.samples.append((time.monotonic(), stack))
 
     def _paused(self) -> bool:
         return getattr(self.worker.status, "name", str(self.worker.status)) == "paused"
 
     async def _tick(self):
-        last = last_write = time.monotonic()
+        last = time.monotonic()
         while self.running:
             await asyncio.sleep(TICK)
             now = time.monotonic()
             if now - last > GAP:
                 self.gaps.append((now, now - last))
-            last = now
+            last = self.last_tick = now
             paused = self._paused()
             if paused and (not self.pauses or self.pauses[-1][1] is not None):
                 self.pauses.append((now, None))
             elif not paused and self.pauses and self.pauses[-1][1] is None:
                 self.pauses[-1] = (self.pauses[-1][0], now)
-            if now - last_write >= WRITE_EVERY:
+
+    def _write_periodically(self):
+        """The state file, from a thread of its own: a file written and
+        renamed on the event loop waits for the disk, which the workloads
+        keep busy, and would put the probe's own gaps in the figures."""
+        while self.running:
+            time.sleep(WRITE_EVERY)
+            try:
                 self.write()
-                last_write = time.monotonic()
+            except Exception:  # a closing worker: the last file stands
+                pass
 
     def metrics(self) -> dict:
         """The mapping's cumulative disk counters, as the worker reports them
@@ -87,14 +125,16 @@ class LoopProbe(WorkerPlugin):
             "address": self.worker.address,
             "mapping": type(self.worker.data).__module__ + "." + type(self.worker.data).__name__,
             "time": time.monotonic(),
-            "gaps": self.gaps,
-            "pauses": self.pauses,
+            "gaps": list(self.gaps),
+            "pauses": list(self.pauses),
             "metrics": self.metrics(),
+            "samples": list(self.samples),
         }
         tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(state, f)
-        os.replace(tmp, self.path)
+        with self._write_lock:
+            with open(tmp, "w") as f:
+                json.dump(state, f)
+            os.replace(tmp, self.path)
 
     def teardown(self, worker):
         self.running = False
@@ -123,9 +163,26 @@ def read_probes(directory: str, start: float, end: float) -> list[dict]:
                 "pauses": len([a for a, _ in pauses if a >= start]),
                 "paused_s": sum(min(b, end) - max(a, start) for a, b in pauses),
                 "metrics": s["metrics"],
+                "stacks": _gap_stacks(s.get("samples", []), s["gaps"], start, end),
             }
         )
     return out
+
+
+def _gap_stacks(samples: list, gaps: list, start: float, end: float) -> dict:
+    """The loop thread's stacks sampled inside the window: the commonest
+    overall, and those of the five longest gaps (with their lengths)."""
+    inside = [(t, st) for t, st in samples if start <= t <= end + GAP]
+    if not inside:
+        return {}
+    longest = sorted(((length, stop) for stop, length in gaps if start <= stop <= end + GAP), reverse=True)[:5]
+    return {
+        "common": Counter(st for _, st in inside).most_common(15),
+        "longest": [
+            [length, Counter(st for t, st in inside if stop - length <= t <= stop).most_common(4)]
+            for length, stop in longest
+        ],
+    }
 
 
 class MemorySampler:

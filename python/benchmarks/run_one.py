@@ -44,7 +44,8 @@ def parse_options(pairs: list[str]) -> dict:
     return options
 
 
-def run(workload_name: str, mapping: str, plugin: bool, seed: int, options: dict, timeout: float) -> dict:
+def run(workload_name: str, mapping: str, plugin: bool, seed: int, options: dict, timeout: float,
+        gap_stacks: bool = False) -> dict:
     from distributed import Client, LocalCluster
 
     import spillbuffer
@@ -64,7 +65,7 @@ def run(workload_name: str, mapping: str, plugin: bool, seed: int, options: dict
                     Client(cluster) as client:
                 lost = LostWorkers()
                 cluster.scheduler.add_plugin(lost)
-                client.register_plugin(LoopProbe(probes))
+                client.register_plugin(LoopProbe(probes, gap_stacks))
                 if mapping == "spillbuffer" and plugin:
                     client.register_plugin(spillbuffer.dask.PrefetchPlugin())
                 if workload.config:
@@ -75,6 +76,7 @@ def run(workload_name: str, mapping: str, plugin: bool, seed: int, options: dict
                 sampler = MemorySampler(cluster)
                 # Warm up: imports and first-task costs are not what is measured.
                 client.submit(sum, [1, 2], pure=False).result()
+                workload.warmup(client)
                 start = time.monotonic()
                 sampler.recording = lost.recording = True
                 try:
@@ -90,7 +92,10 @@ def run(workload_name: str, mapping: str, plugin: bool, seed: int, options: dict
                 out["wall_s"] = end - start
                 # The probes write every 0.5 s: let the last window close.
                 time.sleep(0.7)
-                out.update(_figures(read_probes(probes, start, end), sampler, lost))
+                measured = read_probes(probes, start, end)
+                out.update(_figures(measured, sampler, lost))
+                if gap_stacks:
+                    out["gap_stacks"] = {p["address"]: p["stacks"] for p in measured}
                 sampler.close()
     finally:
         shutil.rmtree(probes, ignore_errors=True)
@@ -147,11 +152,14 @@ def main() -> None:
     ap.add_argument("--plugin", choices=["on", "off"], default="on")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--option", action="append", default=[])
+    ap.add_argument("--gap-stacks", action="store_true",
+                    help="sample each worker's event-loop thread while the loop is late; print the stacks")
     ap.add_argument("--timeout", type=float, default=300, help="seconds the workload may take (the cluster's start excluded)")
     args = ap.parse_args()
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     try:
-        out = run(args.workload, args.mapping, args.plugin == "on", args.seed, parse_options(args.option), args.timeout)
+        out = run(args.workload, args.mapping, args.plugin == "on", args.seed, parse_options(args.option), args.timeout,
+                  args.gap_stacks)
     except Exception as e:
         traceback.print_exc()
         out = {"workload": args.workload, "mapping": args.mapping, "ok": False, "error": f"{type(e).__name__}: {e}"[:500]}

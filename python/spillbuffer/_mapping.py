@@ -367,7 +367,11 @@ class SpillBuffer(MutableMapping):
     def prefetch(self, keys) -> None:
         """Read these keys back ahead of use, in order, on the IO pool, as
         far as they fit within the target next to what is resident."""
-        keys = [k for k in keys if k in self]
+        # Keys known to be in memory are left out here, with the GIL held
+        # (the binding's own map): on a workload of many small values most
+        # are, and every call into the buffer releases the GIL, which the
+        # event loop may then wait milliseconds to get back.
+        keys = [k for k in keys if not self._resident(k) and k in self]
         if keys:
             self._core.prefetch(keys)
 
@@ -378,6 +382,13 @@ class SpillBuffer(MutableMapping):
         (the next read of the key reports the error)."""
         keys = [k for k in keys if k in self]
         return self._core.hold(keys)
+
+    def _resident(self, key: object) -> bool:
+        """Known to be in memory (without asking the buffer, see ``fast``)."""
+        try:
+            return self._core.resident(key)
+        except TypeError:
+            return False
 
     def in_memory(self, key: object) -> bool:
         """Is ``key``'s value in memory now (reading it would not wait for
@@ -395,6 +406,14 @@ class SpillBuffer(MutableMapping):
             return self._core.consume(key)
         except TypeError:
             return False
+
+    def set_writes_first(self, on: bool) -> None:
+        """Tell the buffer whether the process's memory is short: while
+        ``on``, its IO pool writes values out before it reads any back
+        (reads, prefetches included, then wait longer). The Dask plugin
+        turns it on while process memory is over the worker's target
+        fraction."""
+        self._core.set_writes_first(bool(on))
 
     def flush(self) -> None:
         """Wait until all queued IO has finished (the GIL is released)."""

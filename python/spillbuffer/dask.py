@@ -19,6 +19,7 @@ import asyncio
 import inspect
 import logging
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -128,7 +129,8 @@ class PrefetchPlugin(WorkerPlugin):
       asks the buffer to read the inputs of the next ``lookahead`` ready
       tasks back on its IO pool (within the memory target), unless process
       memory is over the worker's target fraction: reads ahead then wait
-      until memory is back under it.
+      until memory is back under it, and the IO pool meanwhile takes
+      queued writes before reads (``SpillBuffer.set_writes_first``).
     - A worker's ``execute`` gathers a task's inputs with ``data[key]`` on
       the event loop, which would wait there for a read not finished yet.
       The plugin wraps the worker's ``execute``: inputs still on disk are
@@ -152,6 +154,10 @@ class PrefetchPlugin(WorkerPlugin):
         self.buffer: SpillBuffer | None = None
         self._reader: ThreadPoolExecutor | None = None
         self._execute = None
+        #: Seconds a reading of process memory stands for (``_memory_high``).
+        self.memory_every = 0.05
+        self._memory_checked = float("-inf")
+        self._memory_was_high = False
 
     def setup(self, worker) -> None:
         self.worker = worker
@@ -184,19 +190,36 @@ class PrefetchPlugin(WorkerPlugin):
 
     def _memory_high(self) -> bool:
         """Is process memory over the worker's target fraction (where its
-        memory monitor evicts)? No read-ahead then."""
+        memory monitor evicts)? No read-ahead then, and the IO pool writes
+        first. Process memory is read at most every ``memory_every``
+        seconds: on a workload of many small tasks, a read of /proc on
+        every transition added up to seconds of the event loop's time."""
+        now = time.monotonic()
+        if now - self._memory_checked < self.memory_every:
+            return self._memory_was_high
+        self._memory_checked = now
         manager = getattr(self.worker, "memory_manager", None)
         limit = getattr(manager, "memory_limit", None)
         fraction = getattr(manager, "memory_target_fraction", None) or getattr(
             manager, "memory_spill_fraction", None
         )
         if not limit or not fraction:
+            self._memory_was_high = False
             return False
         try:
             memory = self.worker.monitor.get_process_memory()
         except Exception:  # an older or stubbed monitor: no gate
-            return False
-        return memory > limit * fraction
+            memory = 0
+        high = memory > limit * fraction
+        if high != self._memory_was_high and self.buffer is not None:
+            # Above the target, a write that lands gives memory back and a
+            # read takes more: the IO pool writes first.
+            try:
+                self.buffer.set_writes_first(high)
+            except RuntimeError:  # closed under a worker shutting down
+                pass
+        self._memory_was_high = high
+        return high
 
     def _prefetch(self, inputs: list) -> None:
         if inputs and not self._memory_high():

@@ -506,6 +506,12 @@ impl Core {
         self.with_buffer(py, |buf| buf.set_memory_target(target))
     }
 
+    /// While `on`, the IO pool writes before it reads (the host's memory is
+    /// short).
+    fn set_writes_first(&self, py: Python<'_>, on: bool) -> PyResult<()> {
+        self.with_buffer(py, |buf| buf.set_writes_first(on))
+    }
+
     /// Wait until all queued IO has finished (GIL released).
     fn flush(&self, py: Python<'_>) -> PyResult<()> {
         self.with_buffer(py, |buf| buf.flush_blocking())?

@@ -133,3 +133,43 @@ def test_local_cluster_with_nannies(tmp_path):
             stats = client.run(lambda dask_worker: (type(dask_worker.data).__name__, dask_worker.data.stats()))
             assert {name for name, _ in stats.values()} == {"SpillBuffer"}
             assert sum(s["spill_count_total"] for _, s in stats.values()) > 0
+
+
+def test_plugin_has_the_pool_write_first_while_process_memory_is_high():
+    # The plugin reads process memory (at most every memory_every seconds)
+    # and tells the buffer when it crosses the worker's target fraction.
+    class Monitor:
+        memory = 0
+
+        def get_process_memory(self):
+            return self.memory
+
+    class Manager:
+        memory_limit = 1000
+        memory_target_fraction = 0.6
+        memory_spill_fraction = 0.7
+
+    class Buffer:
+        def __init__(self):
+            self.calls = []
+
+        def set_writes_first(self, on):
+            self.calls.append(on)
+
+    class FakeWorker:
+        memory_manager = Manager()
+        monitor = Monitor()
+
+    plugin = PrefetchPlugin()
+    plugin.worker, plugin.buffer = FakeWorker(), Buffer()
+    plugin.memory_every = 0.0
+    assert not plugin._memory_high() and plugin.buffer.calls == []
+    FakeWorker.monitor.memory = 700
+    assert plugin._memory_high() and plugin.buffer.calls == [True]
+    assert plugin._memory_high() and plugin.buffer.calls == [True]  # told once
+    FakeWorker.monitor.memory = 500
+    assert not plugin._memory_high() and plugin.buffer.calls == [True, False]
+    # Within memory_every, the last reading stands.
+    plugin.memory_every = 3600.0
+    FakeWorker.monitor.memory = 900
+    assert not plugin._memory_high() and plugin.buffer.calls == [True, False]

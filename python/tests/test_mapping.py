@@ -324,6 +324,19 @@ def test_evict_protocol(make):
     assert buf.evict() == -1  # never raises, even closed
 
 
+def test_writes_first_is_a_hint_that_loses_nothing(make):
+    buf = make(target=8 * 8000)
+    values = {i: np.full(1000, i, dtype="f8") for i in range(40)}
+    buf.set_writes_first(True)
+    for k, v in values.items():
+        buf[k] = v
+    buf.prefetch(list(range(5)))
+    assert all(np.array_equal(buf[k], v) for k, v in values.items())
+    buf.set_writes_first(False)
+    buf.flush()
+    assert all(np.array_equal(buf[k], v) for k, v in values.items())
+
+
 class Gate:
     """A value whose serialization waits until the test opens the gate."""
 

@@ -422,6 +422,16 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
         self.inner().target()
     }
 
+    /// Tell the buffer whether the host's memory is short (a worker's
+    /// process memory over its target fraction, say: memory the buffer does
+    /// not see). While `true`, the IO pool takes queued spill writes before
+    /// demand reads and prefetches, so that memory falls before more is
+    /// allocated for reads; a reader then waits longer. Takes effect for
+    /// the next job each IO thread takes. Defaults to: `false`.
+    pub fn set_writes_first(&self, on: bool) {
+        self.inner().pool().set_writes_first(on);
+    }
+
     /// Wait until all queued IO (spills, reads, prefetches, compaction) has
     /// finished, transfers on a host's stream too
     /// ([`SpillBuffer::receive_record`], [`SpillBuffer::send_record`]):

@@ -1,7 +1,9 @@
 //! The dedicated IO pool: the buffer's own threads, fed by four crossbeam
 //! queues in priority order — frees of large values, demand reads (a caller
 //! is waiting), spill writes, then background work (prefetch, compaction,
-//! file deletion).
+//! file deletion). While the host says memory is short
+//! ([`Pool::set_writes_first`]), spill writes go before demand reads: a
+//! write that lands gives memory back, a read takes more.
 //!
 //! Jobs are boxed closures, so the pool knows nothing of keys and values.
 //! It counts queued and running jobs so that `flush` can wait for all of
@@ -25,7 +27,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 #[cfg(feature = "metrics")]
 use periodic::Periodic;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
 use std::thread::{JoinHandle, ThreadId};
 use streams::Streams;
@@ -58,6 +60,17 @@ pub(crate) enum Priority {
 
 /// Number of queues, one per [`Priority`].
 const QUEUES: usize = 4;
+
+/// The order threads take the queues in: normally by [`Priority`]; with
+/// writes first, spill writes before demand reads (frees still first:
+/// they are short and give memory back too).
+const NORMAL: [usize; QUEUES] = [0, 1, 2, 3];
+const WRITES_FIRST: [usize; QUEUES] = [
+    Priority::Free as usize,
+    Priority::Spill as usize,
+    Priority::Demand as usize,
+    Priority::Background as usize,
+];
 
 /// Counts jobs not yet finished and wakes those waiting for zero.
 #[derive(Default)]
@@ -96,6 +109,8 @@ pub(crate) struct Pool {
     rx: [Receiver<Job>; QUEUES],
     idle: Arc<Idle>,
     busy: Arc<Busy>,
+    /// Spill writes before demand reads ([`Pool::set_writes_first`]).
+    writes_first: Arc<AtomicBool>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     thread_ids: Vec<ThreadId>,
     /// Threads for jobs that wait on a host's stream, started on demand.
@@ -145,16 +160,18 @@ impl Pool {
         let (streams_tx, streams_rx) = crossbeam_channel::unbounded();
         let idle = Arc::new(Idle::default());
         let busy = Arc::new(Busy::default());
+        let writes_first = Arc::new(AtomicBool::new(false));
         let mut handles = Vec::with_capacity(threads);
         for i in 0..threads {
             let rx = rx.clone();
             let stop = stop_rx.clone();
             let idle = Arc::clone(&idle);
             let busy = Arc::clone(&busy);
+            let order = Arc::clone(&writes_first);
             let periodic = periodic.clone();
             let h = std::thread::Builder::new()
                 .name(format!("spillbuffer-io-{i}"))
-                .spawn(move || worker(rx, stop, idle, busy, periodic))?;
+                .spawn(move || worker(rx, stop, idle, busy, order, periodic))?;
             handles.push(h);
         }
         Ok(Pool {
@@ -168,6 +185,7 @@ impl Pool {
             streams: Streams::new(streams_rx, Arc::clone(&idle)),
             idle,
             busy,
+            writes_first,
             threads: Mutex::new(handles),
             #[cfg(feature = "metrics")]
             periodic,
@@ -207,6 +225,13 @@ impl Pool {
         }
         self.streams.after_send()?;
         Ok(true)
+    }
+
+    /// While `on`, threads take queued spill writes before demand reads
+    /// (and prefetches, as always): for a host whose memory is over its
+    /// target. Jobs already running are not affected.
+    pub(crate) fn set_writes_first(&self, on: bool) {
+        self.writes_first.store(on, Relaxed);
     }
 
     /// Jobs queued or running.
@@ -288,10 +313,11 @@ fn worker(
     stop: Receiver<()>,
     idle: Arc<Idle>,
     busy: Arc<Busy>,
+    writes_first: Arc<AtomicBool>,
     periodic: MaybePeriodic,
 ) {
     loop {
-        let job = match next_job(&rx, &stop, &periodic) {
+        let job = match next_job(&rx, &stop, &writes_first, &periodic) {
             Some(job) => job,
             None => return,
         };
@@ -325,14 +351,20 @@ fn run_periodic(periodic: &MaybePeriodic) {
 fn next_job(
     rx: &[Receiver<Job>; QUEUES],
     stop: &Receiver<()>,
+    writes_first: &AtomicBool,
     periodic: &MaybePeriodic,
 ) -> Option<Job> {
     loop {
         if stop.try_recv() == Err(crossbeam_channel::TryRecvError::Disconnected) {
             return None;
         }
-        for r in rx {
-            if let Ok(job) = r.try_recv() {
+        let order = if writes_first.load(Relaxed) {
+            WRITES_FIRST
+        } else {
+            NORMAL
+        };
+        for i in order {
+            if let Ok(job) = rx[i].try_recv() {
                 return Some(job);
             }
         }
@@ -429,6 +461,49 @@ mod tests {
         gate_tx.send(()).unwrap();
         pool.wait_idle_blocking();
         assert_eq!(*order.lock(), vec!["free", "read", "spill", "bg"]);
+    }
+
+    #[test]
+    fn with_writes_first_queued_writes_go_before_reads() {
+        let pool = Pool::new(1).unwrap();
+        pool.set_writes_first(true);
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let (gate_tx, gate_rx) = crossbeam_channel::bounded::<()>(0);
+        pool.submit(
+            Priority::Demand,
+            Box::new(move || {
+                let _ = gate_rx.recv();
+            }),
+        );
+        for (p, name) in [
+            (Priority::Background, "bg"),
+            (Priority::Demand, "read"),
+            (Priority::Spill, "spill"),
+            (Priority::Free, "free"),
+        ] {
+            let order = Arc::clone(&order);
+            pool.submit(p, Box::new(move || order.lock().push(name)));
+        }
+        gate_tx.send(()).unwrap();
+        pool.wait_idle_blocking();
+        assert_eq!(*order.lock(), vec!["free", "spill", "read", "bg"]);
+        // Back to the normal order once memory is no longer short.
+        pool.set_writes_first(false);
+        let (gate_tx, gate_rx) = crossbeam_channel::bounded::<()>(0);
+        pool.submit(
+            Priority::Demand,
+            Box::new(move || {
+                let _ = gate_rx.recv();
+            }),
+        );
+        order.lock().clear();
+        for (p, name) in [(Priority::Spill, "spill"), (Priority::Demand, "read")] {
+            let order = Arc::clone(&order);
+            pool.submit(p, Box::new(move || order.lock().push(name)));
+        }
+        gate_tx.send(()).unwrap();
+        pool.wait_idle_blocking();
+        assert_eq!(*order.lock(), vec!["read", "spill"]);
     }
 
     #[test]
