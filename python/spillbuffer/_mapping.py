@@ -9,10 +9,11 @@ import os
 import sys
 import weakref
 from collections.abc import Iterator, Mapping, MutableMapping
+from contextvars import ContextVar
 from typing import Any, Callable, NamedTuple
 
 from . import _native
-from ._serialize import Dumps, loads, on_spill_error
+from ._serialize import Dumps, as_serialized, loads, on_spill_error
 
 try:
     from distributed.metrics import context_meter
@@ -20,6 +21,10 @@ except ImportError:  # pragma: no cover - without distributed there is no meter
     context_meter = None
 
 logger = logging.getLogger("distributed.spill")
+
+#: In a peer's ``get_data`` (set by ``spillbuffer._peers``): the keys
+#: staged to be sent without deserializing them (``stage_for_peer``).
+for_peer: ContextVar[dict | None] = ContextVar("spillbuffer_for_peer", default=None)
 
 # id -> buffer, for closing at exit (a mapping is unhashable).
 _live: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -229,6 +234,12 @@ class SpillBuffer(MutableMapping):
         #: Reads of __getitem__ that waited for the disk (not prefetched in time).
         self._demand_reads = 0
         self._memory_read_bytes = 0
+        #: Peers' ``get_data`` calls being served (see ``spillbuffer._peers``).
+        self._serving_peers = 0
+        #: Weight of values deserialized, and reads that waited for the
+        #: disk, in ``__getitem__`` while serving a peer.
+        self._peer_deserialized_bytes = 0
+        self._peer_loop_reads = 0
         _live[id(self)] = self
 
     # ----- the mapping --------------------------------------------------
@@ -242,15 +253,21 @@ class SpillBuffer(MutableMapping):
         if self._write_headroom and weight > self._heaviest:
             self._heaviest = weight
             self._core.set_target(max(self.target - self._io_threads * weight, self.target // 4))
-        self._core.set(key, value, weight)
-        self._digest_io()
-        self._report_errors()
+        flags = self._core.set(key, value, weight)
+        if flags & 2:
+            self._digest_io()
+        if flags & 1:
+            self._report_errors()
 
     def __getitem__(self, key: object) -> object:
         """The value; one on disk is read back with the GIL released (and
         this thread waiting), joining a prefetch already in flight."""
+        if self._serving_peers:
+            staged = for_peer.get()
+            if staged is not None:
+                return self._get_for_peer(key, staged)
         try:
-            value, weight, waited = self._core.get(key, loads)
+            value, weight, waited, _ = self._core.get(key, loads)
         except TypeError:
             raise KeyError(key) from None
         if waited:
@@ -263,6 +280,23 @@ class SpillBuffer(MutableMapping):
             if context_meter is not None:
                 context_meter.digest_metric("memory-read", 1, "count")
                 context_meter.digest_metric("memory-read", weight, "bytes")
+        return value
+
+    def _get_for_peer(self, key: object, staged: dict) -> object:
+        """``__getitem__`` in a peer's ``get_data``: the staged form of
+        ``key`` if it has one (see ``stage_for_peer``), else the value,
+        counting what had to be read or deserialized for it."""
+        try:
+            return staged[key]
+        except (KeyError, TypeError):
+            pass
+        try:
+            value, weight, waited, deserialized = self._core.get(key, loads)
+        except TypeError:
+            raise KeyError(key) from None
+        self._peer_loop_reads += waited
+        if deserialized:
+            self._peer_deserialized_bytes += weight
         return value
 
     def __contains__(self, key: object) -> bool:
@@ -379,6 +413,26 @@ class SpillBuffer(MutableMapping):
         keys = [k for k in keys if k in self]
         return self._core.hold(keys)
 
+    def stage_for_peer(self, keys) -> tuple[Any, dict]:
+        """Prepare ``keys`` to be sent to a peer, without deserializing
+        anything; blocks (the GIL released) while records are read, so
+        call it off the event loop. Values in memory as objects are pinned
+        until ``release()`` is called on the returned handle (they are sent
+        as they are); values on disk are read on the IO pool as stored and
+        returned, in the dict, as distributed's ``Serialized`` (the header
+        and frames its serializer made); so are values read back but never
+        deserialized, from memory. Absent keys are left out. A record that
+        fails to read raises ``RuntimeError`` naming its key."""
+        keys = [k for k in keys if k in self]
+        held, found = self._core.for_peer(keys)
+        staged = {}
+        for key, got in zip(keys, found):
+            if got is not None:
+                serialized = as_serialized(got[0])
+                if serialized is not None:
+                    staged[key] = serialized
+        return held, staged
+
     def in_memory(self, key: object) -> bool:
         """Is ``key``'s value in memory now (reading it would not wait for
         the disk)? Counts as a use of it for eviction."""
@@ -403,8 +457,12 @@ class SpillBuffer(MutableMapping):
 
     def stats(self) -> dict[str, float]:
         """Every field of the Rust buffer's ``Stats`` under its own name
-        (docs/stats.md), plus the package's serialization counters."""
-        return self._core.stats()
+        (docs/stats.md), plus the package's serialization counters and
+        what serving peers took."""
+        s = self._core.stats()
+        s["peer_deserialized_bytes_total"] = self._peer_deserialized_bytes
+        s["peer_loop_reads_total"] = self._peer_loop_reads
+        return s
 
     @property
     def spill_directory(self) -> str:
