@@ -20,6 +20,16 @@ try:
 except ImportError:  # pragma: no cover - without distributed there is no meter
     context_meter = None
 
+# The meter's callbacks in the current context (distributed's ContextMeter
+# keeps them in a context variable; a read with none set reports to no
+# one, so a memory hit may skip the meter). ``None``: unknown, always meter.
+_meter_callbacks = getattr(context_meter, "_callbacks", None)
+if _meter_callbacks is not None and not hasattr(_meter_callbacks, "get"):  # pragma: no cover - another distributed
+    _meter_callbacks = None
+
+#: ``core[key]``'s answer when the key is not a memory hit of an object.
+_MISS = object()
+
 logger = logging.getLogger("distributed.spill")
 
 #: In a peer's ``get_data`` (set by ``spillbuffer._peers``): the keys
@@ -225,7 +235,7 @@ class SpillBuffer(MutableMapping):
         self.max_spill = False if max_spill is None else max_spill
         self._weight = weight if weight is not None else _default_weight()
         self._dumps = Dumps()
-        self._core = _native.Core(directory, target, limit, max_spill, compression, io_threads, self._dumps)
+        self._core = _native.Core(directory, target, limit, max_spill, compression, io_threads, self._dumps, _MISS)
         self._io_threads = io_threads
         self._write_headroom = bool(write_headroom)
         self._heaviest = 0
@@ -262,6 +272,11 @@ class SpillBuffer(MutableMapping):
     def __getitem__(self, key: object) -> object:
         """The value; one on disk is read back with the GIL released (and
         this thread waiting), joining a prefetch already in flight."""
+        if not self._serving_peers and not (_meter_callbacks is not None and _meter_callbacks.get()):
+            # A memory hit, with no meter to tell (hits are counted natively).
+            value = self._core[key]
+            if value is not _MISS:
+                return value
         if self._serving_peers:
             staged = for_peer.get()
             if staged is not None:
@@ -389,9 +404,10 @@ class SpillBuffer(MutableMapping):
         ``count``, ``bytes`` and ``seconds`` as distributed's Prometheus
         exporter expects. Disk reads include prefetches; seconds of disk IO
         are IO-pool time, not time the caller waited."""
+        hits, hit_bytes = self._core.hits()
         out = {
-            ("memory-read", "count"): float(self._memory_reads),
-            ("memory-read", "bytes"): float(self._memory_read_bytes),
+            ("memory-read", "count"): float(self._memory_reads + hits),
+            ("memory-read", "bytes"): float(self._memory_read_bytes + hit_bytes),
         }
         out.update(self._io_totals())
         return out

@@ -67,11 +67,17 @@ pub struct Core {
     /// `None` once closed. (Leaf: a handle is cloned or taken out.)
     buf: Mutex<Option<Buffer>>,
     hooks: Arc<Hooks>,
+    /// What `core[key]` gives for anything but a memory hit.
+    miss: PyObject,
     /// (Leaf.)
     known: Mutex<HashMap<PyKey, Known>>,
     /// Total weight of the known keys.
     weight_total: AtomicU64,
     deserialize_nanos: AtomicU64,
+    /// Memory hits served by `core[key]`, and their weight.
+    hit_count: AtomicU64,
+    /// See `hit_count`.
+    hit_bytes: AtomicU64,
     /// Records read from disk for peers ([`Core::for_peer`]), and their
     /// bytes as stored.
     peer_disk_count: AtomicU64,
@@ -131,8 +137,12 @@ impl Core {
         Ok(py.allow_threads(move || f(&buf)))
     }
 
-    /// A value read back (by this call or a prefetch) is resident now.
+    /// A value read back (by this call or a prefetch) is resident now. (An
+    /// inserted one is known to be from its insert on.)
     fn mark_resident(&self, key: &PyKey, value: &PyValue) {
+        if value.record().is_none() {
+            return;
+        }
         if let Some(known) = self.known.lock().get_mut(key) {
             if known.resident.strong_count() == 0 {
                 known.resident = Arc::downgrade(&value.token);
@@ -253,9 +263,10 @@ impl Core {
 #[pymethods]
 impl Core {
     /// Build the buffer; `dumps` serializes a value into a list of frames
-    /// (failures are kept for `take_errors`).
+    /// (failures are kept for `take_errors`); `miss` is what `core[key]`
+    /// gives for anything but a memory hit.
     #[new]
-    #[pyo3(signature = (directory, target, limit, max_spill, compression, io_threads, dumps))]
+    #[pyo3(signature = (directory, target, limit, max_spill, compression, io_threads, dumps, miss))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -266,6 +277,7 @@ impl Core {
         compression: &str,
         io_threads: usize,
         dumps: PyObject,
+        miss: PyObject,
     ) -> PyResult<Self> {
         let compression = match compression {
             "lz4" => Compression::Lz4,
@@ -297,9 +309,12 @@ impl Core {
                 errors: Mutex::new(Vec::new()),
                 has_errors: AtomicBool::new(false),
             }),
+            miss,
             known: Mutex::new(HashMap::new()),
             weight_total: AtomicU64::new(0),
             deserialize_nanos: AtomicU64::new(0),
+            hit_count: AtomicU64::new(0),
+            hit_bytes: AtomicU64::new(0),
             peer_disk_count: AtomicU64::new(0),
             peer_disk_bytes: AtomicU64::new(0),
             peer_memory_count: AtomicU64::new(0),
@@ -393,6 +408,40 @@ impl Core {
         release(py, (pinned, buf));
         let (obj, deserialized) = obj?;
         Ok((obj, weight, waited, deserialized))
+    }
+
+    /// `core[key]`: a memory hit of a value held as an object gives the
+    /// object, anything else the `miss` object given to the constructor
+    /// (on disk, read back but not deserialized, absent, or a key of an
+    /// unsupported type: `get` then does the rest and raises what it
+    /// must). The hits and their weight are counted for the mapping's
+    /// `memory-read` figures ([`Core::hits`]). A subscript rather than a
+    /// method: under the stable ABI of Python 3.9 a method call builds a
+    /// tuple of its arguments, a subscript passes the key as it is.
+    fn __getitem__(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<PyObject> {
+        let miss = || self.miss.clone_ref(py);
+        let Ok(k) = PyKey::from_py(key) else {
+            return Ok(miss());
+        };
+        let buf = self.buffer()?;
+        let pinned = py.allow_threads(|| buf.try_pin(&k));
+        let found = pinned
+            .as_ref()
+            .and_then(|p| p.object(py).map(|o| (o, p.weight())));
+        release(py, (pinned, buf));
+        Ok(match found {
+            Some((obj, weight)) => {
+                self.hit_count.fetch_add(1, Relaxed);
+                self.hit_bytes.fetch_add(weight as u64, Relaxed);
+                obj
+            }
+            None => miss(),
+        })
+    }
+
+    /// The hits `core[key]` served, and their weight.
+    fn hits(&self) -> (u64, u64) {
+        (self.hit_count.load(Relaxed), self.hit_bytes.load(Relaxed))
     }
 
     fn contains(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {

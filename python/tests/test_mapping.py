@@ -87,6 +87,19 @@ def test_equal_numbers_are_one_key_as_in_a_dict(make):
     assert buf[("a", 1.0)] == 2
 
 
+def test_a_memory_hit_gives_the_object_itself_and_is_counted(make):
+    buf = make()
+    obj = [1, 2]
+    buf["none"] = None
+    buf["list"] = obj
+    assert buf["none"] is None and buf["list"] is obj
+    with pytest.raises(KeyError):
+        buf["absent"]
+    m = buf.cumulative_metrics
+    assert m["memory-read", "count"] == 2
+    assert m["memory-read", "bytes"] == buf.stats()["weight_total"]
+
+
 def test_unsupported_keys(make):
     buf = make()
     with pytest.raises(TypeError, match="frozenset"):
