@@ -19,8 +19,8 @@
 //!    therefore never holds the GIL, whatever the crate does under that
 //!    lock.
 //! 2. **The binding's own locks are leaves.** `buf`, `known`,
-//!    `manual_pending`, `Held::pins` and the [`Hooks`] maps are held only
-//!    for a map or vector operation: never across a call into the crate,
+//!    `manual_pending`, `io_seen`, `Held::pins` and [`Hooks::errors`] are
+//!    held only for a map or vector operation: never across a call into the crate,
 //!    a wait for the GIL, Python code, or the drop of a value. Taking one
 //!    with or without the GIL cannot close a cycle.
 //!
