@@ -19,7 +19,8 @@
 //!     28    4 crc32 of header bytes 0..28 (u32 LE)
 //! ```
 
-use crate::store::spare;
+use crate::store::{codec, record as stored, spare};
+use std::borrow::Cow;
 use std::fmt;
 use std::io::{self, Read, Write};
 
@@ -184,6 +185,57 @@ impl Record {
             w.write_all(piece)?;
         }
         Ok(())
+    }
+
+    /// The value's encoding, as [`Spill::encode`](crate::Spill::encode)
+    /// wrote it, without decoding the value: every header and the
+    /// payload checked against their checksums and lengths, and the
+    /// payload decompressed if it was stored compressed. For a host that
+    /// passes a value on in its encoded form (a Dask worker sends a peer
+    /// the frames its serializer made); `Spill::decode` of these bytes
+    /// gives the value back.
+    ///
+    /// Borrowed from the record when the value was stored raw (no copy),
+    /// a new vector of the encoding's length when it was compressed.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidData`, with the reason, if the record is damaged: a header
+    /// or the payload fails its checksum, a length disagrees, or the
+    /// payload does not decompress to the length its header gives.
+    pub fn encoded(&self) -> io::Result<Cow<'_, [u8]>> {
+        let (frame, rest) = split_head(self.as_slices())
+            .ok_or_else(|| invalid("record shorter than its frame header".into()))?;
+        let (record_len, _weight) = parse_frame(&frame).map_err(invalid)?;
+        let (head, [a, b]) = split_head(rest)
+            .ok_or_else(|| invalid("record shorter than its record header".into()))?;
+        let (codec, stored_len, raw_len) = stored::parse_header(&head).map_err(invalid)?;
+        // The payload is one piece for every record this crate makes; a
+        // record built otherwise is joined first.
+        let payload: Cow<'_, [u8]> = if a.is_empty() {
+            Cow::Borrowed(b)
+        } else {
+            Cow::Owned([a, b].concat())
+        };
+        let len = payload.len() as u64;
+        if len != stored_len || record_len != stored::HEADER as u64 + stored_len {
+            return Err(invalid(format!(
+                "payload is {len} bytes, record header says {stored_len}, frame {record_len} with its header"
+            )));
+        }
+        if crc32fast::hash(&payload) != stored::payload_crc(&head) {
+            return Err(invalid("payload checksum mismatch".into()));
+        }
+        match codec {
+            codec::Codec::Raw => Ok(payload),
+            codec::Codec::Lz4 => {
+                let raw_len = usize::try_from(raw_len)
+                    .map_err(|_| invalid(format!("an encoding of {raw_len} bytes")))?;
+                let mut out = vec![0u8; raw_len];
+                codec::decompress_exact(&payload, &mut out).map_err(invalid)?;
+                Ok(Cow::Owned(out))
+            }
+        }
     }
 
     /// The bytes as one vector (a copy only when they were in two pieces).

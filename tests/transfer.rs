@@ -973,3 +973,46 @@ async fn a_failing_writer_is_an_error_naming_the_key() {
     assert_eq!(*a.pin(&3).await.unwrap().unwrap(), value(3, 5000));
     a.validate().unwrap();
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_record_gives_the_values_encoding_without_decoding_it() {
+    for compression in [Compression::Lz4, Compression::None] {
+        let dir = tempfile::tempdir().unwrap();
+        let a = buffer(dir.path(), compression);
+        for (k, v) in values() {
+            a.insert(k, v).unwrap();
+        }
+        // From memory (encoded, or the value's own memory) ...
+        for (k, v) in values() {
+            let rec = a.record(&k).await.unwrap().expect("present");
+            assert_eq!(&*rec.encoded().unwrap(), &v[..], "key {k} from memory");
+        }
+        // ... and from disk, as stored (compressed or not).
+        a.evict(1 << 30);
+        a.flush().await.unwrap();
+        for (k, v) in values() {
+            let rec = a.record(&k).await.unwrap().expect("present");
+            assert_eq!(&*rec.encoded().unwrap(), &v[..], "key {k} from disk");
+            // Through the wire too.
+            let back = Record::from_vec(rec.into_vec());
+            assert_eq!(&*back.encoded().unwrap(), &v[..], "key {k} received");
+        }
+        assert_eq!(a.stats().unspill_count_total, 0);
+        // A damaged record is refused, wherever the damage is.
+        let good = a.record(&4).await.unwrap().unwrap().into_vec();
+        for at in [0, 40, good.len() / 2, good.len() - 1] {
+            let mut bad = good.clone();
+            bad[at] ^= 0x10;
+            let e = Record::from_vec(bad).encoded().unwrap_err();
+            assert_eq!(
+                e.kind(),
+                std::io::ErrorKind::InvalidData,
+                "flip at {at}: {e}"
+            );
+        }
+        let e = Record::from_vec(good[..good.len() - 1].to_vec())
+            .encoded()
+            .unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{e}");
+    }
+}

@@ -117,6 +117,12 @@ class LoopProbe(WorkerPlugin):
         for activity in ("disk-write", "disk-read"):
             for unit in ("bytes", "count", "seconds"):
                 out[f"{activity}-{unit}"] = float(m.get((activity, unit), 0.0))
+        # spillbuffer's: what serving peers' get_data took.
+        stats = getattr(self.worker.data, "stats", None)
+        if callable(stats):
+            s = stats()
+            for name in PEER_STATS:
+                out[name] = float(s.get(name, 0.0))
         return out
 
     def write(self) -> None:
@@ -142,6 +148,12 @@ class LoopProbe(WorkerPlugin):
             self.write()
         except Exception:  # teardown of a closing worker: the last periodic file stands
             pass
+
+
+#: spillbuffer's figures of serving peers: records sent from disk as
+#: stored, and what ``data[key]`` in ``get_data`` had to deserialize or
+#: read on the event loop.
+PEER_STATS = ("peer_disk_count_total", "peer_disk_bytes_total", "peer_deserialized_bytes_total", "peer_loop_reads_total")
 
 
 def read_probes(directory: str, start: float, end: float) -> list[dict]:

@@ -117,6 +117,28 @@ def agreement(runs: list[dict]) -> list[str]:
     return lines
 
 
+def peers_table(runs: list[dict]) -> list[str]:
+    """spillbuffer's runs: what serving peers' ``get_data`` took (records
+    sent from disk as stored; values deserialized, and reads on the event
+    loop, to serve peers)."""
+    runs = [r for r in runs if r.get("mapping") == "spillbuffer" and r.get("ok") and "peer_disk_mib" in r]
+    if not runs:
+        return []
+    lines = ["| workload | mapping | records sent from disk as stored | MiB | MiB deserialized to serve peers "
+             "| get_data reads on the event loop |", "|---|---|---|---|---|---|"]
+    for w in dict.fromkeys(r["workload"] for r in runs):
+        groups: dict[str, list[dict]] = {}
+        for r in runs:
+            if r["workload"] == w:
+                groups.setdefault(label(r), []).append(r)
+        for name, rs in groups.items():
+            lines.append(f"| {w} | {name} | {_median_range([r['peer_disk_records'] for r in rs])} | "
+                         f"{_median_range([r['peer_disk_mib'] for r in rs], 4)} | "
+                         f"{_fmt(max(r['peer_deserialized_mib'] for r in rs))} (max) | "
+                         f"{max(r['peer_loop_reads'] for r in rs)} (max) |")
+    return lines
+
+
 def micro_table(rows: list[dict]) -> list[str]:
     lines = ["| op | mapping | µs per call, median (range) | / stock SpillBuffer |", "|---|---|---|---|"]
     for op in dict.fromkeys(r["op"] for r in rows):
@@ -148,6 +170,11 @@ def print_report(rows: list[dict]) -> None:
         if any("†" in line for line in table):
             print()
             print("† no run finished: figures of the failed runs")
+        peers = peers_table(runs)
+        if peers:
+            print()
+            print("Serving peers (spillbuffer's get_data, both workers, per run):")
+            print("\n".join(peers))
         agree = agreement(runs)
         if agree:
             print()

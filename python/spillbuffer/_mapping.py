@@ -9,17 +9,32 @@ import os
 import sys
 import weakref
 from collections.abc import Iterator, Mapping, MutableMapping
+from contextvars import ContextVar
 from typing import Any, Callable, NamedTuple
 
 from . import _native
-from ._serialize import Dumps, loads, on_spill_error
+from ._serialize import Dumps, as_serialized, loads, on_spill_error
 
 try:
     from distributed.metrics import context_meter
 except ImportError:  # pragma: no cover - without distributed there is no meter
     context_meter = None
 
+# The meter's callbacks in the current context (distributed's ContextMeter
+# keeps them in a context variable; a read with none set reports to no
+# one, so a memory hit may skip the meter). ``None``: unknown, always meter.
+_meter_callbacks = getattr(context_meter, "_callbacks", None)
+if _meter_callbacks is not None and not hasattr(_meter_callbacks, "get"):  # pragma: no cover - another distributed
+    _meter_callbacks = None
+
+#: ``core[key]``'s answer when the key is not a memory hit of an object.
+_MISS = object()
+
 logger = logging.getLogger("distributed.spill")
+
+#: In a peer's ``get_data`` (set by ``spillbuffer._peers``): the keys
+#: staged to be sent without deserializing them (``stage_for_peer``).
+for_peer: ContextVar[dict | None] = ContextVar("spillbuffer_for_peer", default=None)
 
 # id -> buffer, for closing at exit (a mapping is unhashable).
 _live: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -220,7 +235,7 @@ class SpillBuffer(MutableMapping):
         self.max_spill = False if max_spill is None else max_spill
         self._weight = weight if weight is not None else _default_weight()
         self._dumps = Dumps()
-        self._core = _native.Core(directory, target, limit, max_spill, compression, io_threads, self._dumps)
+        self._core = _native.Core(directory, target, limit, max_spill, compression, io_threads, self._dumps, _MISS)
         self._io_threads = io_threads
         self._write_headroom = bool(write_headroom)
         self._heaviest = 0
@@ -229,6 +244,12 @@ class SpillBuffer(MutableMapping):
         #: Reads of __getitem__ that waited for the disk (not prefetched in time).
         self._demand_reads = 0
         self._memory_read_bytes = 0
+        #: Peers' ``get_data`` calls being served (see ``spillbuffer._peers``).
+        self._serving_peers = 0
+        #: Weight of values deserialized, and reads that waited for the
+        #: disk, in ``__getitem__`` while serving a peer.
+        self._peer_deserialized_bytes = 0
+        self._peer_loop_reads = 0
         _live[id(self)] = self
 
     # ----- the mapping --------------------------------------------------
@@ -242,15 +263,26 @@ class SpillBuffer(MutableMapping):
         if self._write_headroom and weight > self._heaviest:
             self._heaviest = weight
             self._core.set_target(max(self.target - self._io_threads * weight, self.target // 4))
-        self._core.set(key, value, weight)
-        self._digest_io()
-        self._report_errors()
+        flags = self._core.set(key, value, weight)
+        if flags & 2:
+            self._digest_io()
+        if flags & 1:
+            self._report_errors()
 
     def __getitem__(self, key: object) -> object:
         """The value; one on disk is read back with the GIL released (and
         this thread waiting), joining a prefetch already in flight."""
+        if not self._serving_peers and not (_meter_callbacks is not None and _meter_callbacks.get()):
+            # A memory hit, with no meter to tell (hits are counted natively).
+            value = self._core[key]
+            if value is not _MISS:
+                return value
+        if self._serving_peers:
+            staged = for_peer.get()
+            if staged is not None:
+                return self._get_for_peer(key, staged)
         try:
-            value, weight, waited = self._core.get(key, loads)
+            value, weight, waited, _ = self._core.get(key, loads)
         except TypeError:
             raise KeyError(key) from None
         if waited:
@@ -263,6 +295,23 @@ class SpillBuffer(MutableMapping):
             if context_meter is not None:
                 context_meter.digest_metric("memory-read", 1, "count")
                 context_meter.digest_metric("memory-read", weight, "bytes")
+        return value
+
+    def _get_for_peer(self, key: object, staged: dict) -> object:
+        """``__getitem__`` in a peer's ``get_data``: the staged form of
+        ``key`` if it has one (see ``stage_for_peer``), else the value,
+        counting what had to be read or deserialized for it."""
+        try:
+            return staged[key]
+        except (KeyError, TypeError):
+            pass
+        try:
+            value, weight, waited, deserialized = self._core.get(key, loads)
+        except TypeError:
+            raise KeyError(key) from None
+        self._peer_loop_reads += waited
+        if deserialized:
+            self._peer_deserialized_bytes += weight
         return value
 
     def __contains__(self, key: object) -> bool:
@@ -355,9 +404,10 @@ class SpillBuffer(MutableMapping):
         ``count``, ``bytes`` and ``seconds`` as distributed's Prometheus
         exporter expects. Disk reads include prefetches; seconds of disk IO
         are IO-pool time, not time the caller waited."""
+        hits, hit_bytes = self._core.hits()
         out = {
-            ("memory-read", "count"): float(self._memory_reads),
-            ("memory-read", "bytes"): float(self._memory_read_bytes),
+            ("memory-read", "count"): float(self._memory_reads + hits),
+            ("memory-read", "bytes"): float(self._memory_read_bytes + hit_bytes),
         }
         out.update(self._io_totals())
         return out
@@ -389,6 +439,26 @@ class SpillBuffer(MutableMapping):
             return self._core.resident(key)
         except TypeError:
             return False
+
+    def stage_for_peer(self, keys) -> tuple[Any, dict]:
+        """Prepare ``keys`` to be sent to a peer, without deserializing
+        anything; blocks (the GIL released) while records are read, so
+        call it off the event loop. Values in memory as objects are pinned
+        until ``release()`` is called on the returned handle (they are sent
+        as they are); values on disk are read on the IO pool as stored and
+        returned, in the dict, as distributed's ``Serialized`` (the header
+        and frames its serializer made); so are values read back but never
+        deserialized, from memory. Absent keys are left out. A record that
+        fails to read raises ``RuntimeError`` naming its key."""
+        keys = [k for k in keys if k in self]
+        held, found = self._core.for_peer(keys)
+        staged = {}
+        for key, got in zip(keys, found):
+            if got is not None:
+                serialized = as_serialized(got[0])
+                if serialized is not None:
+                    staged[key] = serialized
+        return held, staged
 
     def in_memory(self, key: object) -> bool:
         """Is ``key``'s value in memory now (reading it would not wait for
@@ -422,8 +492,12 @@ class SpillBuffer(MutableMapping):
 
     def stats(self) -> dict[str, float]:
         """Every field of the Rust buffer's ``Stats`` under its own name
-        (docs/stats.md), plus the package's serialization counters."""
-        return self._core.stats()
+        (docs/stats.md), plus the package's serialization counters and
+        what serving peers took."""
+        s = self._core.stats()
+        s["peer_deserialized_bytes_total"] = self._peer_deserialized_bytes
+        s["peer_loop_reads_total"] = self._peer_loop_reads
+        return s
 
     @property
     def spill_directory(self) -> str:

@@ -23,7 +23,7 @@ try:
     from distributed.metrics import context_meter
     from distributed.protocol import serialize_bytelist
     from distributed.protocol.compression import decompress
-    from distributed.protocol.serialize import merge_and_deserialize
+    from distributed.protocol.serialize import Serialized, merge_and_deserialize
 except ImportError:  # pragma: no cover - exercised in environments without distributed
     serialize_bytelist = None
     context_meter = None
@@ -125,6 +125,18 @@ def loads(frames: list) -> object:
     if tag == _PICKLE:
         return pickle.loads(frames[1], buffers=frames[2:])
     raise ValueError(f"unknown spillbuffer record codec {tag!r}")
+
+
+def as_serialized(frames: list):
+    """The frames ``dumps`` made, as distributed's ``Serialized`` (its
+    header and frames): what a worker's comm sends on as they are, to be
+    deserialized by the peer only. ``None`` for a value written without
+    distributed (pickle), which has no such form."""
+    if serialize_bytelist is None or bytes(frames[0]) != _DISTRIBUTED:
+        return None
+    bin_header = frames[1]
+    header = msgpack.loads(bin_header, raw=False, use_list=False) if len(bin_header) else {}
+    return Serialized(header, [memoryview(f) for f in frames[2:]])
 
 
 def on_spill_error(key: object, exc: BaseException) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from ._mapping import SpillBuffer
+from ._peers import PeerServer
 
 logger = logging.getLogger("spillbuffer.dask")
 
@@ -138,6 +139,9 @@ class PrefetchPlugin(WorkerPlugin):
       flight) and pinned in memory while the loop goes on; then
       ``execute`` runs and finds them there. (A read that fails is left
       to ``execute``, which reports it as it would.)
+    - Answers peers' ``get_data`` with values on disk as they were
+      stored: read on the IO pool, never deserialized here
+      (``spillbuffer._peers``).
     - When a task finishes, marks each input that no other queued task of
       this worker needs as first to evict (a value read back is then
       dropped at once, having a disk copy).
@@ -158,6 +162,7 @@ class PrefetchPlugin(WorkerPlugin):
         self.memory_every = 0.05
         self._memory_checked = float("-inf")
         self._memory_was_high = False
+        self._peers: PeerServer | None = None
 
     def setup(self, worker) -> None:
         self.worker = worker
@@ -170,6 +175,8 @@ class PrefetchPlugin(WorkerPlugin):
         # The state machine looks `execute` up on the worker for each task.
         self._execute = worker.execute
         worker.execute = self._execute_with_inputs_in_memory
+        # Peers are sent values on disk as stored, never deserialized here.
+        self._peers = PeerServer(worker, buf)
 
     async def _execute_with_inputs_in_memory(self, key, *, stimulus_id: str):
         held = None
@@ -261,6 +268,9 @@ class PrefetchPlugin(WorkerPlugin):
         if self._reader is not None:
             self._reader.shutdown(wait=False, cancel_futures=True)
             self._reader = None
+        if self._peers is not None:
+            self._peers.remove()
+            self._peers = None
         if self.buffer is not None:
             self.buffer.close()
             self.buffer = None

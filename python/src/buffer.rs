@@ -19,8 +19,8 @@
 //!    therefore never holds the GIL, whatever the crate does under that
 //!    lock.
 //! 2. **The binding's own locks are leaves.** `buf`, `known`,
-//!    `manual_pending`, `Held::pins` and the [`Hooks`] maps are held only
-//!    for a map or vector operation: never across a call into the crate,
+//!    `manual_pending`, `io_seen`, `Held::pins` and [`Hooks::errors`] are
+//!    held only for a map or vector operation: never across a call into the crate,
 //!    a wait for the GIL, Python code, or the drop of a value. Taking one
 //!    with or without the GIL cannot close a cycle.
 //!
@@ -29,15 +29,15 @@
 //! IO threads do, is then harmless.) `tests/test_deadlock.py` runs mixed
 //! operations from several threads under a watchdog.
 
-use crate::frames;
 use crate::key::PyKey;
-use crate::record::parse_envelope;
+use crate::record::RecordBytes;
+use crate::stored;
 use crate::value::{Hooks, PyValue};
 use crate::wait::block_on;
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyKeyError, PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3::types::{PyDict, PyList};
 use spillbuffer::{Compression, Error, Pinned, Spill, SpillBuffer, Stats};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -67,15 +67,42 @@ pub struct Core {
     /// `None` once closed. (Leaf: a handle is cloned or taken out.)
     buf: Mutex<Option<Buffer>>,
     hooks: Arc<Hooks>,
+    /// What `core[key]` gives for anything but a memory hit.
+    miss: PyObject,
     /// (Leaf.)
     known: Mutex<HashMap<PyKey, Known>>,
     /// Total weight of the known keys.
     weight_total: AtomicU64,
     deserialize_nanos: AtomicU64,
+    /// Memory hits served by `core[key]`, and their weight.
+    hit_count: AtomicU64,
+    /// See `hit_count`.
+    hit_bytes: AtomicU64,
+    /// Records read from disk for peers ([`Core::for_peer`]), and their
+    /// bytes as stored.
+    peer_disk_count: AtomicU64,
+    /// See `peer_disk_count`.
+    peer_disk_bytes: AtomicU64,
+    /// Values sent to peers from their record in memory (read back, never
+    /// deserialized).
+    peer_memory_count: AtomicU64,
     /// After a manual eviction queued a write: the count of landed writes
     /// (done or failed) to reach before the next one. (Leaf.)
     manual_pending: Mutex<Option<u64>>,
+    /// The IO figures the mapping last reported ([`Core::io_moved`]).
+    /// (Leaf.)
+    io_seen: Mutex<IoFigures>,
 }
+
+/// What changes when the IO pool has done work the mapping reports to
+/// distributed's meters: writes and reads landed or failed, their bytes
+/// and time, serialization and deserialization time.
+type IoFigures = [u64; 9];
+
+/// [`Core::set`]'s answer: values failed to serialize, to report.
+const SET_ERRORS: u8 = 1;
+/// [`Core::set`]'s answer: IO figures moved, to report.
+const SET_IO_MOVED: u8 = 2;
 
 /// Drop `t` with the GIL released: a [`Pinned`] or a buffer handle, whose
 /// drop may take the crate's locks (rule 1 of the module docs).
@@ -110,8 +137,12 @@ impl Core {
         Ok(py.allow_threads(move || f(&buf)))
     }
 
-    /// A value read back (by this call or a prefetch) is resident now.
+    /// A value read back (by this call or a prefetch) is resident now. (An
+    /// inserted one is known to be from its insert on.)
     fn mark_resident(&self, key: &PyKey, value: &PyValue) {
+        if value.record().is_none() {
+            return;
+        }
         if let Some(known) = self.known.lock().get_mut(key) {
             if known.resident.strong_count() == 0 {
                 known.resident = Arc::downgrade(&value.token);
@@ -129,51 +160,48 @@ impl Core {
     }
 
     /// The Python object of a pinned value: the inserted object, or the one
-    /// deserialized by `loads` from the frames of a record read back (the
-    /// key's layout says whether the record is a raw frame or an envelope).
+    /// deserialized by `loads` from the frames of a record read back.
+    /// Also says whether this call deserialized it.
     fn object_of(
         &self,
         py: Python<'_>,
         key: &PyKey,
         value: &PyValue,
         loads: &Bound<'_, PyAny>,
-    ) -> PyResult<PyObject> {
+    ) -> PyResult<(PyObject, bool)> {
         if let Some(obj) = value.object(py) {
-            return Ok(obj);
+            return Ok((obj, false));
         }
         let rec = value
             .record()
             .ok_or_else(|| PyRuntimeError::new_err("value without an object or a record"))?;
-        let layout = self
-            .hooks
-            .layouts
-            .lock()
-            .get(key)
-            .and_then(|(_, layout)| layout.clone());
-        let mut record_frames = frames::RecordFrames::new(py, rec);
-        let mut view = |a, b| record_frames.frame(a, b);
-        let frames: Vec<PyObject> = match layout {
-            Some(layout) => {
-                let mut frames = Vec::with_capacity(layout.small.len() + 1);
-                for small in &layout.small {
-                    frames.push(PyBytes::new(py, small).into_any().unbind());
-                }
-                frames.insert(layout.raw_at, view(0, rec.len())?);
-                frames
-            }
-            None => parse_envelope(rec.as_slice())
-                .map_err(|e| {
-                    PyRuntimeError::new_err(format!("record of key {key:?} is damaged: {e}"))
-                })?
-                .into_iter()
-                .map(|(a, b)| view(a, b))
-                .collect::<PyResult<_>>()?,
-        };
+        let frames = stored::frames_of(py, key, rec)?;
         let start = Instant::now();
         let obj = loads.call1((PyList::new(py, frames)?,))?;
         self.deserialize_nanos
             .fetch_add(start.elapsed().as_nanos() as u64, Relaxed);
-        Ok(value.set_object(py, obj.unbind()))
+        Ok((value.set_object(py, obj.unbind()), true))
+    }
+
+    /// Have the IO figures the mapping reports moved since the last call?
+    /// (With the GIL released: it reads the buffer's stats.)
+    fn io_moved(&self, buf: &Buffer) -> bool {
+        let s = buf.stats();
+        let now: IoFigures = [
+            s.spill_count_total,
+            s.spill_errors_total,
+            s.spilled_bytes_total,
+            s.unspill_count_total,
+            s.unspilled_bytes_total,
+            s.spill_seconds_total.to_bits(),
+            s.unspill_seconds_total.to_bits(),
+            self.hooks.serialize_nanos.load(Relaxed),
+            self.deserialize_nanos.load(Relaxed),
+        ];
+        let mut seen = self.io_seen.lock();
+        let moved = *seen != now;
+        *seen = now;
+        moved
     }
 
     /// [`Core::evict_one`], with the GIL released: the weight evicted, or
@@ -235,9 +263,10 @@ impl Core {
 #[pymethods]
 impl Core {
     /// Build the buffer; `dumps` serializes a value into a list of frames
-    /// (failures are kept for `take_errors`).
+    /// (failures are kept for `take_errors`); `miss` is what `core[key]`
+    /// gives for anything but a memory hit.
     #[new]
-    #[pyo3(signature = (directory, target, limit, max_spill, compression, io_threads, dumps))]
+    #[pyo3(signature = (directory, target, limit, max_spill, compression, io_threads, dumps, miss))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -248,6 +277,7 @@ impl Core {
         compression: &str,
         io_threads: usize,
         dumps: PyObject,
+        miss: PyObject,
     ) -> PyResult<Self> {
         let compression = match compression {
             "lz4" => Compression::Lz4,
@@ -278,12 +308,18 @@ impl Core {
                 fresh_bytes: AtomicU64::new(0),
                 errors: Mutex::new(Vec::new()),
                 has_errors: AtomicBool::new(false),
-                layouts: Mutex::new(HashMap::new()),
             }),
+            miss,
             known: Mutex::new(HashMap::new()),
             weight_total: AtomicU64::new(0),
             deserialize_nanos: AtomicU64::new(0),
+            hit_count: AtomicU64::new(0),
+            hit_bytes: AtomicU64::new(0),
+            peer_disk_count: AtomicU64::new(0),
+            peer_disk_bytes: AtomicU64::new(0),
+            peer_memory_count: AtomicU64::new(0),
             manual_pending: Mutex::new(None),
+            io_seen: Mutex::new(IoFigures::default()),
         })
     }
 
@@ -295,13 +331,17 @@ impl Core {
     /// `max_spill` reached, values that fail to serialize) memory cannot
     /// fall: the value is then kept in memory without waiting, as
     /// distributed's own mapping keeps what it cannot spill.
+    ///
+    /// Returns flags for the mapping: 1 if values failed to serialize
+    /// (`take_errors`), 2 if the IO figures moved since this or
+    /// [`Core::io_moved`] last looked (to report to distributed's meters).
     fn set(
         &self,
         py: Python<'_>,
         key: &Bound<'_, PyAny>,
         value: PyObject,
         weight: usize,
-    ) -> PyResult<()> {
+    ) -> PyResult<u8> {
         let mut k = PyKey::from_py(key)?;
         // As a dict does, replacing a value keeps the key first inserted
         // (`1` stays `1` when `1.0` is assigned to).
@@ -311,27 +351,39 @@ impl Core {
         let v = PyValue::new(k.clone(), value, weight, Arc::clone(&self.hooks));
         // Remembered before the insert: the buffer may spill it at once.
         self.remember(k.clone(), weight, &v.token);
-        self.hooks.layouts.lock().insert(k.clone(), (v.id(), None));
         // (A replaced value may be dropped in the call, taking the GIL.)
-        self.with_buffer(py, move |buf| match block_on(buf.insert_async(k, v)) {
-            Ok(()) => Ok(()),
-            Err(refused) => {
-                let (k, v) = refused.into_inner();
-                buf.insert(k, v)
-            }
-        })?
-        .map_err(to_py_err)
+        let moved = self
+            .with_buffer(py, move |buf| {
+                match block_on(buf.insert_async(k, v)) {
+                    Ok(()) => Ok(()),
+                    Err(refused) => {
+                        let (k, v) = refused.into_inner();
+                        buf.insert(k, v)
+                    }
+                }
+                .map(|()| self.io_moved(buf))
+            })?
+            .map_err(to_py_err)?;
+        let errors = self.hooks.has_errors.load(Relaxed);
+        Ok(if errors { SET_ERRORS } else { 0 } | if moved { SET_IO_MOVED } else { 0 })
+    }
+
+    /// Have the IO figures moved since this or `set` last looked?
+    #[pyo3(name = "io_moved")]
+    fn py_io_moved(&self, py: Python<'_>) -> PyResult<bool> {
+        self.with_buffer(py, |buf| self.io_moved(buf))
     }
 
     /// The value of `key`: from memory, or read back from disk with the GIL
     /// released (joining a read already in flight). Returns the object, its
-    /// weight, and whether it had to wait for a disk read.
+    /// weight, whether it had to wait for a disk read, and whether it was
+    /// deserialized by this call.
     fn get(
         &self,
         py: Python<'_>,
         key: &Bound<'_, PyAny>,
         loads: &Bound<'_, PyAny>,
-    ) -> PyResult<(PyObject, usize, bool)> {
+    ) -> PyResult<(PyObject, usize, bool, bool)> {
         let buf = self.buffer()?;
         let k = PyKey::from_py(key)?;
         // A memory hit, else a read from disk (joining one in flight).
@@ -354,7 +406,42 @@ impl Core {
         let obj = self.object_of(py, &k, &pinned, loads);
         let weight = pinned.weight();
         release(py, (pinned, buf));
-        Ok((obj?, weight, waited))
+        let (obj, deserialized) = obj?;
+        Ok((obj, weight, waited, deserialized))
+    }
+
+    /// `core[key]`: a memory hit of a value held as an object gives the
+    /// object, anything else the `miss` object given to the constructor
+    /// (on disk, read back but not deserialized, absent, or a key of an
+    /// unsupported type: `get` then does the rest and raises what it
+    /// must). The hits and their weight are counted for the mapping's
+    /// `memory-read` figures ([`Core::hits`]). A subscript rather than a
+    /// method: under the stable ABI of Python 3.9 a method call builds a
+    /// tuple of its arguments, a subscript passes the key as it is.
+    fn __getitem__(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<PyObject> {
+        let miss = || self.miss.clone_ref(py);
+        let Ok(k) = PyKey::from_py(key) else {
+            return Ok(miss());
+        };
+        let buf = self.buffer()?;
+        let pinned = py.allow_threads(|| buf.try_pin(&k));
+        let found = pinned
+            .as_ref()
+            .and_then(|p| p.object(py).map(|o| (o, p.weight())));
+        release(py, (pinned, buf));
+        Ok(match found {
+            Some((obj, weight)) => {
+                self.hit_count.fetch_add(1, Relaxed);
+                self.hit_bytes.fetch_add(weight as u64, Relaxed);
+                obj
+            }
+            None => miss(),
+        })
+    }
+
+    /// The hits `core[key]` served, and their weight.
+    fn hits(&self) -> (u64, u64) {
+        (self.hit_count.load(Relaxed), self.hit_bytes.load(Relaxed))
     }
 
     fn contains(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
@@ -375,7 +462,6 @@ impl Core {
             drop(buf);
             removed
         });
-        self.hooks.layouts.lock().remove(&k);
         if removed {
             Ok(())
         } else {
@@ -481,6 +567,85 @@ impl Core {
         })
     }
 
+    /// For a peer's `get_data`: each of `keys` as the peer is to be sent
+    /// it, without deserializing anything. Meant for a thread that may
+    /// block (not the event loop):
+    ///
+    /// - a value in memory as a Python object is pinned, in the returned
+    ///   [`Held`], and given as `None`: it is sent as it is;
+    /// - a value whose record is on disk is given as the frames its
+    ///   serializer made, read from the record as stored: every read is
+    ///   queued on the IO pool at once, this thread waits for them with
+    ///   the GIL released, then checks each record and decompresses it if
+    ///   it was stored compressed (the frames of one stored uncompressed
+    ///   are read-only views of the bytes read, with no copy);
+    /// - a value read back but never deserialized is given as its frames
+    ///   too, from memory.
+    ///
+    /// Per key: `None` (an object, or absent), or `(frames, bytes, disk)`:
+    /// the frames, the bytes of the record as stored (or of the encoding
+    /// in memory), and whether it was read from disk. A record that fails
+    /// to read or check raises `RuntimeError`, naming the key.
+    fn for_peer(
+        &self,
+        py: Python<'_>,
+        keys: Vec<Bound<'_, PyAny>>,
+    ) -> PyResult<(Held, PeerFrames)> {
+        let ks = keys
+            .iter()
+            .map(PyKey::from_py)
+            .collect::<PyResult<Vec<_>>>()?;
+        let (pins, mut found) = self.with_buffer(py, |buf| peer_reads(buf, &ks))?;
+        let held = Held {
+            pins: Mutex::new(pins),
+        };
+        let mut out = Vec::with_capacity(ks.len());
+        for (i, (k, got)) in ks.iter().zip(found.iter_mut()).enumerate() {
+            // Not an `OSError`: the peer would take it for a broken
+            // connection and stop asking this worker for its other keys.
+            let named = |e: String| {
+                PyRuntimeError::new_err(format!(
+                    "spillbuffer: cannot read key {} to send it to a peer: {e}",
+                    keys[i]
+                        .repr()
+                        .map(|r| r.to_string())
+                        .unwrap_or_else(|_| format!("{k:?}"))
+                ))
+            };
+            let (rec, bytes, disk) = match std::mem::replace(got, PeerRead::Object) {
+                PeerRead::Object => {
+                    out.push(None);
+                    continue;
+                }
+                PeerRead::InMemory(rec) => {
+                    let n = rec.len();
+                    (rec, n, false)
+                }
+                PeerRead::OnDisk(Err(e)) => return Err(named(e.to_string())),
+                PeerRead::OnDisk(Ok(None)) => {
+                    out.push(None);
+                    continue;
+                }
+                PeerRead::OnDisk(Ok(Some(rec))) => {
+                    let n = rec.len() - spillbuffer::Record::HEADER_LEN;
+                    let bytes = py
+                        .allow_threads(|| RecordBytes::from_stored(rec))
+                        .map_err(|e| named(e.to_string()))?;
+                    (Arc::new(bytes), n, true)
+                }
+            };
+            let frames = stored::frames_of(py, k, &rec)?;
+            if disk {
+                self.peer_disk_count.fetch_add(1, Relaxed);
+                self.peer_disk_bytes.fetch_add(bytes as u64, Relaxed);
+            } else {
+                self.peer_memory_count.fetch_add(1, Relaxed);
+            }
+            out.push(Some((frames, bytes, disk)));
+        }
+        Ok((held, out))
+    }
+
     /// Is `key`'s value in memory now? (A memory hit, as a read's: it
     /// counts as a use.)
     fn in_memory(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
@@ -574,6 +739,12 @@ impl Core {
             "serialized_bytes_total",
             self.hooks.fresh_bytes.load(Relaxed),
         )?;
+        d.set_item("peer_disk_count_total", self.peer_disk_count.load(Relaxed))?;
+        d.set_item("peer_disk_bytes_total", self.peer_disk_bytes.load(Relaxed))?;
+        d.set_item(
+            "peer_memory_count_total",
+            self.peer_memory_count.load(Relaxed),
+        )?;
         d.set_item(
             "deserialize_seconds_total",
             self.deserialize_nanos.load(Relaxed) as f64 * 1e-9,
@@ -591,13 +762,53 @@ impl Core {
     fn close(&self, py: Python<'_>) {
         let buf = self.buf.lock().take();
         self.known.lock().clear();
-        self.hooks.layouts.lock().clear();
         release(py, buf);
     }
 
     fn closed(&self) -> bool {
         self.buf.lock().is_none()
     }
+}
+
+/// What [`Core::for_peer`] gives per key.
+type PeerFrames = Vec<Option<(Vec<PyObject>, usize, bool)>>;
+
+/// How a key is found for a peer ([`peer_reads`]).
+enum PeerRead {
+    /// In memory as an object (pinned), or absent.
+    Object,
+    /// Read back, never deserialized: its record, from memory.
+    InMemory(crate::record::Record),
+    /// Not in memory: its record as stored, or the error reading it.
+    OnDisk(Result<Option<spillbuffer::Record>, Error>),
+}
+
+/// With the GIL released: pin the keys held as objects and read the
+/// records of the others, every read queued before the first is awaited.
+fn peer_reads(buf: &Buffer, keys: &[PyKey]) -> (Vec<Pinned<PyValue>>, Vec<PeerRead>) {
+    let mut pins = Vec::new();
+    let mut pending = Vec::with_capacity(keys.len());
+    for k in keys {
+        match buf.try_pin(k) {
+            Some(p) if !p.has_object() && p.record().is_some() => {
+                let rec = Arc::clone(p.record().expect("checked"));
+                pending.push(Err(PeerRead::InMemory(rec)));
+            }
+            Some(p) => {
+                pins.push(p);
+                pending.push(Err(PeerRead::Object));
+            }
+            None => pending.push(Ok(buf.record(k))),
+        }
+    }
+    let found = pending
+        .into_iter()
+        .map(|p| match p {
+            Ok(read) => PeerRead::OnDisk(block_on(read)),
+            Err(found) => found,
+        })
+        .collect();
+    (pins, found)
 }
 
 /// Values pinned in memory by [`Core::hold`] until released.

@@ -81,7 +81,9 @@ impl RecordView {
     /// Writable, as distributed's own frames read from disk are (a
     /// read-only array would make numpy copy the data it deserializes).
     /// Writes land in memory no one else reads: the disk copy is separate,
-    /// and an evicted value is dropped, not written back.
+    /// and an evicted value is dropped, not written back. The frames of a
+    /// record read to be sent to a peer are read-only (never deserialized
+    /// here, and possibly a value's own memory).
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         // In bounds (checked in `new`): a pointer into the record's block,
@@ -91,7 +93,7 @@ impl RecordView {
         d.set_item(intern!(py, "version"), 3)?;
         d.set_item(intern!(py, "shape"), (self.end - self.start,))?;
         d.set_item(intern!(py, "typestr"), intern!(py, "|u1"))?;
-        d.set_item(intern!(py, "data"), (ptr, false))?;
+        d.set_item(intern!(py, "data"), (ptr, self.record.readonly()))?;
         Ok(d)
     }
 }

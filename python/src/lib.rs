@@ -13,6 +13,7 @@ mod frames;
 mod key;
 mod pages;
 mod record;
+mod stored;
 mod value;
 mod wait;
 

@@ -1,40 +1,32 @@
 //! What a value looks like on disk, and the bytes of a value read back.
 //!
-//! Two layouts, chosen per value when it is first written:
-//!
-//! - **raw**: a value whose serialization is small metadata frames plus
-//!   one large frame (a numpy array: its header, then its data) is written
-//!   as that large frame alone, straight from the object's own memory with
-//!   no copy; the small frames stay in memory with the key ([`Layout`]).
-//! - **envelope**: anything else is written self-described, each frame
-//!   aligned to 64 bytes so that arrays read back are aligned too:
-//!   `b"SBv1" | u32 frame count | u64 weight | u64 length per frame | pad | frames (each padded)`.
+//! A record is an envelope of the frames the serializer made, each frame
+//! aligned to 64 bytes so that arrays read back are aligned too:
+//! `b"SBv1" | u32 frame count | u64 weight | u64 length per frame | pad | frames (each padded)`.
+//! It describes itself: reading it needs nothing kept with the key. A
+//! value with a frame of [`LARGE_FRAME`] bytes or more (a numpy array's
+//! data) is written from the object's own memory, the envelope's header
+//! and padding around its frames ([`envelope_head`], [`padding`]); others
+//! are copied into the envelope ([`write_envelope`]).
 //!
 //! A record read back is held as [`RecordBytes`], which Python sees
 //! as numpy arrays on that memory ([`crate::frames`]).
 
 use crate::pages::{Pages, MAPPED_MIN};
 use spillbuffer::BoxError;
+use std::borrow::Cow;
 use std::sync::Arc;
 
 const MAGIC: &[u8; 4] = b"SBv1";
 const ALIGN: usize = 64;
+const ZEROS: [u8; ALIGN] = [0; ALIGN];
 
-/// A large frame at least this long is written raw.
-pub const RAW_MIN: usize = 1 << 20;
+/// A value with a frame at least this long is written from the object's
+/// memory, in pieces, rather than copied into its envelope.
+pub const LARGE_FRAME: usize = 1 << 20;
 
 fn pad(n: usize) -> usize {
     n.next_multiple_of(ALIGN)
-}
-
-/// How a key's current value was written, kept in memory with the key:
-/// for a raw record, its small frames and where the large one goes.
-#[derive(Debug)]
-pub struct Layout {
-    /// All frames but the large one, in order.
-    pub small: Vec<Vec<u8>>,
-    /// Index of the large frame (the record) among all frames.
-    pub raw_at: usize,
 }
 
 /// Bytes of a value read back, owned by the buffer and shared with the
@@ -44,21 +36,33 @@ pub type Record = Arc<RecordBytes>;
 /// A block of bytes that Python may write to through a frame view (see
 /// [`crate::frames::RecordView`]), hence held as a raw pointer rather than
 /// a `Box<[u8]>` that Rust would assume immutable behind an `Arc`. Large
-/// blocks are mappings of their own ([`Pages`]), small ones heap blocks.
+/// blocks are mappings of their own ([`Pages`]), small ones heap blocks;
+/// the encoding of a record read for a peer may be the record's own
+/// memory ([`RecordBytes::from_stored`]), which Python only reads.
 pub struct RecordBytes {
     ptr: *mut u8,
     len: usize,
-    /// The mapping `ptr` points into, for a large block; `None` for a heap
-    /// block made by `Box::into_raw`.
-    pages: Option<Pages>,
+    owner: Owner,
 }
 
-// SAFETY: the block is owned by this struct alone and freed once, in Drop.
+/// What `ptr` points into.
+enum Owner {
+    /// A heap block made by `Box::into_raw`.
+    Heap,
+    /// A mapping, unmapped by its own drop.
+    Pages(#[allow(dead_code, reason = "held for its drop")] Pages),
+    /// The payload of a stored record, read-only: the record may be a
+    /// value's own memory (a record of a value in memory).
+    Stored(#[allow(dead_code, reason = "held for its drop")] spillbuffer::Record),
+}
+
+// SAFETY: the block is owned by this struct alone (or by the stored record
+// it holds, which nothing else reaches) and freed once, in Drop.
 // Rust reads it (the envelope header when Python first accesses it, the
 // whole record if the value is ever written again) and Python may write to
 // the frames through the arrays made on them; a task writing into its input
 // while that input is being written out is a race Python's own buffers
-// have too.
+// have too. A stored record's bytes are handed to Python read-only.
 unsafe impl Send for RecordBytes {}
 // SAFETY: as above.
 unsafe impl Sync for RecordBytes {}
@@ -70,7 +74,7 @@ impl RecordBytes {
         RecordBytes {
             ptr: Box::into_raw(bytes) as *mut u8,
             len,
-            pages: None,
+            owner: Owner::Heap,
         }
     }
 
@@ -81,10 +85,33 @@ impl RecordBytes {
             Some(pages) => RecordBytes {
                 ptr: pages.as_ptr(),
                 len,
-                pages: Some(pages),
+                owner: Owner::Pages(pages),
             },
             None => Self::new(vec![0u8; len].into_boxed_slice()),
         }
+    }
+
+    /// The value's encoding in a stored record (checked, decompressed if
+    /// it was stored compressed): the record's own memory when it was
+    /// stored raw, with no copy, read-only ([`RecordBytes::readonly`]).
+    pub fn from_stored(record: spillbuffer::Record) -> std::io::Result<Self> {
+        let (ptr, len) = match record.encoded()? {
+            Cow::Borrowed(bytes) => (bytes.as_ptr() as *mut u8, bytes.len()),
+            Cow::Owned(bytes) => return Ok(Self::new(bytes.into_boxed_slice())),
+        };
+        // The payload lives in the record's heap memory (its body), which
+        // stays in place when the record is moved here.
+        Ok(RecordBytes {
+            ptr,
+            len,
+            owner: Owner::Stored(record),
+        })
+    }
+
+    /// Whether Python must not write to these bytes (they are a stored
+    /// record's).
+    pub fn readonly(&self) -> bool {
+        matches!(self.owner, Owner::Stored(_))
     }
 
     /// The bytes.
@@ -94,8 +121,10 @@ impl RecordBytes {
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
-    /// The bytes, to fill. Only before the record is shared.
+    /// The bytes, to fill. Only before the record is shared, and never
+    /// for a stored record's ([`RecordBytes::readonly`]).
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        assert!(!self.readonly(), "a stored record's bytes are read-only");
         // SAFETY: as in `as_slice`, and `&mut self` makes this the only
         // reference.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
@@ -114,11 +143,12 @@ impl RecordBytes {
 
 impl Drop for RecordBytes {
     fn drop(&mut self) {
-        if self.pages.is_none() {
+        if let Owner::Heap = self.owner {
             // SAFETY: made by `Box::into_raw` of a `len`-byte slice in `new`.
             drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.len)) });
         }
-        // A mapping is unmapped by `Pages`' own drop.
+        // A mapping is unmapped by `Pages`' own drop, a record freed by
+        // its own.
     }
 }
 
@@ -127,21 +157,34 @@ fn head_len(n: usize) -> usize {
     pad(16 + 8 * n)
 }
 
-/// Append the envelope of `frames` to `out`.
-pub fn write_envelope(out: &mut Vec<u8>, weight: usize, frames: &[&[u8]]) {
-    let base = out.len();
-    let total: usize = frames.iter().map(|f| pad(f.len())).sum();
-    out.reserve(head_len(frames.len()) + total);
+/// The envelope's header for `frames`, padded: what precedes the first
+/// frame.
+pub fn envelope_head(weight: usize, frames: &[&[u8]]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(head_len(frames.len()));
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&(frames.len() as u32).to_le_bytes());
     out.extend_from_slice(&(weight as u64).to_le_bytes());
     for f in frames {
         out.extend_from_slice(&(f.len() as u64).to_le_bytes());
     }
-    out.resize(base + head_len(frames.len()), 0);
+    out.resize(head_len(frames.len()), 0);
+    out
+}
+
+/// The zeros that follow a frame of `len` bytes in an envelope.
+pub fn padding(len: usize) -> &'static [u8] {
+    &ZEROS[..pad(len) - len]
+}
+
+/// Append the envelope of `frames` to `out`: [`envelope_head`], then each
+/// frame and its [`padding`].
+pub fn write_envelope(out: &mut Vec<u8>, weight: usize, frames: &[&[u8]]) {
+    let total: usize = frames.iter().map(|f| pad(f.len())).sum();
+    out.reserve(head_len(frames.len()) + total);
+    out.extend_from_slice(&envelope_head(weight, frames));
     for f in frames {
         out.extend_from_slice(f);
-        out.resize(base + pad(out.len() - base), 0);
+        out.extend_from_slice(padding(f.len()));
     }
 }
 

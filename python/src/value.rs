@@ -3,28 +3,24 @@
 //! A value inserted from Python holds the object. When the buffer writes
 //! it out, on an IO thread, it takes the GIL only to call the Python
 //! serializer (which returns frames, zero-copy views for numpy) and to get
-//! buffer views of them, then lets it go: a large frame is written
-//! straight from the object's memory ([`crate::record`], raw layout), other
-//! values are copied into a self-describing envelope. A value read back
+//! buffer views of them, then lets it go. The record is a self-describing
+//! envelope of the frames ([`crate::record`]); a value with a large frame
+//! is written from the object's own memory, in pieces, the others are
+//! copied into the envelope. A value read back
 //! holds the record's bytes, in memory the buffer allocated and the disk
 //! read filled; Python gets views of those bytes ([`crate::frames`]) and
 //! deserializes them on first access, on the caller's thread.
 
 use crate::frames::FrameBytes;
 use crate::key::PyKey;
-use crate::record::{write_envelope, Layout, Record, RecordBytes, RAW_MIN};
+use crate::record::{envelope_head, padding, write_envelope, Record, RecordBytes, LARGE_FRAME};
 use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
-use spillbuffer::{BoxError, Spill};
-use std::collections::HashMap;
+use spillbuffer::{BoxError, EncodedPieces, Spill};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
-
-/// A key's current value (the address of its token) and, once that value
-/// was written raw, its [`Layout`].
-pub type LayoutEntry = (usize, Option<Arc<Layout>>);
 
 /// What the values of one buffer share: the serializer, and what IO
 /// threads hand back to the mapping.
@@ -36,8 +32,6 @@ pub struct Hooks {
     pub errors: Mutex<Vec<(PyKey, PyErr)>>,
     /// Whether `errors` may hold something (checked on every call).
     pub has_errors: AtomicBool,
-    /// Per key: set on insert, filled by the write.
-    pub layouts: Mutex<HashMap<PyKey, LayoutEntry>>,
     /// Nanoseconds spent in `dumps`, for the metrics.
     pub serialize_nanos: AtomicU64,
     /// Values inserted from Python serialized for a write, and their
@@ -56,8 +50,9 @@ impl Hooks {
 /// The frames of a serialized value, held (exported) until it is dropped.
 struct Serialized {
     frames: Vec<FrameBytes>,
-    /// The frame written raw, if the value qualifies.
-    raw_at: Option<usize>,
+    /// Whether a frame is large enough to be written from the object's
+    /// memory rather than copied.
+    large: bool,
 }
 
 impl Serialized {
@@ -86,8 +81,7 @@ pub struct PyValue {
     /// For a value read back: the object deserialized from it at its first
     /// access, handed to every later one.
     object: OnceLock<PyObject>,
-    /// The key (inserted values only): to file its layout under, and to
-    /// name in a failure report.
+    /// The key (inserted values only): to name in a failure report.
     key: Option<PyKey>,
     hooks: Option<Arc<Hooks>>,
     /// Set once serialization failed and was reported: later writes of
@@ -113,11 +107,6 @@ impl PyValue {
         }
     }
 
-    /// Identifies this value in [`Hooks::layouts`].
-    pub fn id(&self) -> usize {
-        Arc::as_ptr(&self.token) as usize
-    }
-
     /// The inserted object, or the one already deserialized from a value
     /// read back.
     pub fn object(&self, py: Python<'_>) -> Option<PyObject> {
@@ -125,6 +114,12 @@ impl PyValue {
             Body::Object(o) => Some(o.clone_ref(py)),
             _ => self.object.get().map(|o| o.clone_ref(py)),
         }
+    }
+
+    /// Whether the value is held as a Python object (inserted, or read
+    /// back and deserialized since), rather than as its record alone.
+    pub fn has_object(&self) -> bool {
+        matches!(self.body, Body::Object(_)) || self.object.get().is_some()
     }
 
     /// Remember the object deserialized from a value read back; returns the
@@ -171,12 +166,8 @@ impl PyValue {
             Hooks::add_time(&hooks.serialize_nanos, start);
             match res {
                 Ok(frames) => {
-                    // Raw: one large frame and the rest small.
-                    let large: Vec<usize> = (0..frames.len())
-                        .filter(|&i| frames[i].len() >= RAW_MIN)
-                        .collect();
-                    let raw_at = (large.len() == 1).then(|| large[0]);
-                    Ok(Serialized { frames, raw_at })
+                    let large = frames.iter().any(|f| f.len() >= LARGE_FRAME);
+                    Ok(Serialized { frames, large })
                 }
                 Err(e) => {
                     let text = e.to_string();
@@ -190,25 +181,6 @@ impl PyValue {
                 }
             }
         })
-    }
-
-    /// File the layout of a raw record under the key, if this value is
-    /// still the key's current one (a replaced value's late write must not
-    /// describe its successor's record; the buffer discards that write).
-    fn file_layout(&self, s: &Serialized, raw_at: usize, hooks: &Hooks) {
-        let Some(key) = &self.key else { return };
-        let layout = Layout {
-            small: (0..s.frames.len())
-                .filter(|&i| i != raw_at)
-                .map(|i| s.bytes(i).to_vec())
-                .collect(),
-            raw_at,
-        };
-        if let Some(entry) = hooks.layouts.lock().get_mut(key) {
-            if entry.0 == self.id() {
-                entry.1 = Some(Arc::new(layout));
-            }
-        }
     }
 }
 
@@ -229,16 +201,8 @@ impl Spill for PyValue {
         let s = self.serialized(obj, hooks)?;
         let base = out.len();
         // With the GIL released: the frames stay exported until `s` goes.
-        match s.raw_at {
-            Some(i) => {
-                self.file_layout(s, i, hooks);
-                out.extend_from_slice(s.bytes(i));
-            }
-            None => {
-                let frames: Vec<&[u8]> = (0..s.frames.len()).map(|i| s.bytes(i)).collect();
-                write_envelope(out, self.weight, &frames);
-            }
-        }
+        let frames: Vec<&[u8]> = (0..s.frames.len()).map(|i| s.bytes(i)).collect();
+        write_envelope(out, self.weight, &frames);
         hooks
             .fresh_bytes
             .fetch_add((out.len() - base) as u64, Relaxed);
@@ -249,24 +213,32 @@ impl Spill for PyValue {
         Ok(Self::read_back(Arc::new(RecordBytes::new(bytes.into()))))
     }
 
-    /// A value read back is its record; an inserted one whose large frame
-    /// is written raw is that frame, in the object's own memory.
+    /// A value read back is its record, written again as it is.
     fn as_encoded(&self) -> Option<&[u8]> {
-        match (&self.body, &self.hooks) {
-            (Body::Encoded(rec), _) => Some(rec.as_slice()),
-            (Body::Object(obj), Some(hooks)) => {
-                // An error is reported by `serialized` and again by the
-                // `encode` that follows a `None`.
-                let s = self.serialized(obj, hooks).ok()?;
-                let i = s.raw_at?;
-                self.file_layout(s, i, hooks);
-                hooks
-                    .fresh_bytes
-                    .fetch_add(s.frames[i].len() as u64, Relaxed);
-                Some(s.bytes(i))
-            }
-            _ => None,
+        self.record().map(|rec| rec.as_slice())
+    }
+
+    /// An inserted value with a large frame: its envelope's header and
+    /// padding, and the frames in the object's own memory, with no copy.
+    fn encoded_pieces(&self) -> Option<EncodedPieces<'_>> {
+        let (Body::Object(obj), Some(hooks)) = (&self.body, &self.hooks) else {
+            return None;
+        };
+        // An error is reported by `serialized` and again by the `encode`
+        // that follows a `None`.
+        let s = self.serialized(obj, hooks).ok()?;
+        if !s.large {
+            return None;
         }
+        let frames: Vec<&[u8]> = (0..s.frames.len()).map(|i| s.bytes(i)).collect();
+        let mut pieces = EncodedPieces::new();
+        pieces.push(envelope_head(self.weight, &frames));
+        for f in frames {
+            pieces.push_slice(f);
+            pieces.push_slice(padding(f.len()));
+        }
+        hooks.fresh_bytes.fetch_add(pieces.len() as u64, Relaxed);
+        Some(pieces)
     }
 
     fn decode_in_place(
@@ -284,9 +256,8 @@ impl Spill for PyValue {
 impl PyValue {
     fn read_back(rec: Record) -> Self {
         PyValue {
-            // What it holds now. (Its layout, raw or envelope, is known
-            // only to the mapping, which has the key; it is checked when
-            // Python first reads the value.)
+            // What it holds now. (The envelope is checked when Python
+            // first reads the value.)
             weight: rec.len(),
             body: Body::Encoded(rec),
             serialized: OnceLock::new(),

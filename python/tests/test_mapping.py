@@ -87,6 +87,19 @@ def test_equal_numbers_are_one_key_as_in_a_dict(make):
     assert buf[("a", 1.0)] == 2
 
 
+def test_a_memory_hit_gives_the_object_itself_and_is_counted(make):
+    buf = make()
+    obj = [1, 2]
+    buf["none"] = None
+    buf["list"] = obj
+    assert buf["none"] is None and buf["list"] is obj
+    with pytest.raises(KeyError):
+        buf["absent"]
+    m = buf.cumulative_metrics
+    assert m["memory-read", "count"] == 2
+    assert m["memory-read", "bytes"] == buf.stats()["weight_total"]
+
+
 def test_unsupported_keys(make):
     buf = make()
     with pytest.raises(TypeError, match="frozenset"):
@@ -168,8 +181,10 @@ def test_large_arrays_round_trip_zero_copy(make):
     # no copy was made after the read.
     assert not got.flags.owndata and got.flags.writeable and got.flags.aligned
     assert isinstance(root_base(got), _native.RecordView)
-    # Read into a mapping of its own, on a 2 MiB boundary (huge pages).
-    assert got.ctypes.data % (2 << 20) == 0
+    # Read into a mapping of its own, on a 2 MiB boundary (huge pages);
+    # the array starts after the record's header, 64-byte aligned.
+    assert root_base(got).__array_interface__["data"][0] % (2 << 20) == 0
+    assert got.ctypes.data % 64 == 0
     # A second access hands out the same object.
     assert buf[0] is got
     # The memory stays valid after the buffer lets go of it.
