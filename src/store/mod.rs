@@ -17,6 +17,7 @@
 //! The store's mutex guards only metadata; file creation, reads and writes
 //! happen outside it.
 
+pub(crate) mod checksum;
 pub(crate) mod codec;
 pub(crate) mod compact;
 pub(crate) mod dirs;
