@@ -55,11 +55,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 /// Scratch each read thread keeps, per buffer: enough for the records of
-/// small values and for compressed values of a few MiB; larger ones
+/// small values and for compressed values up to about 2 MiB; larger ones
 /// read on a read thread allocate their scratch for the read. Many read
 /// threads each keeping the IO threads' larger scratch could hold
 /// gigabytes that no gauge counts.
-const READ_THREAD_SCRATCH: usize = 4 << 20;
+const READ_THREAD_SCRATCH: usize = 2 << 20;
 
 /// What a key must be: hashable, comparable, cheap enough to clone (IO jobs
 /// carry a copy), printable for error messages, and shareable.
