@@ -3,10 +3,11 @@
 //! directory, and prints one JSON line per workload.
 //!
 //! ```text
-//! cargo run --release --example bench -- [--workload all|metadata|hit|get|pin-once|insert|spill|unspill|unspill-pipelined|policy]
+//! cargo run --release --example bench -- [--workload all|metadata|hit|get|pin-once|insert|spill|unspill|unspill-pipelined|policy|cold]
 //!     [--dir DIR] [--small BYTES] [--large BYTES] [--count-small N] [--count-large N]
 //!     [--target BYTES] [--threads 1,2] [--compression lz4|none] [--keys N] [--io-threads N]
 //!     [--hit-ops N] [--hit-keys N] [--hit-draws N] [--hit-warm N] [--repeat R] [--window W]
+//!     [--read-threads N] [--depths 1,8,32] [--cold-reads N]
 //! ```
 //!
 //! Every figure is the median of `--repeat` runs; crate and raw runs
@@ -35,6 +36,12 @@
 //! disk reads are reported against an exact LRU of the same byte capacity
 //! on the same sequence. `policy-sweep` replays the same sequences through
 //! the eviction rule alone, for several dirty-age factors.
+//!
+//! `cold` (not part of `all`; root, to drop the page cache): random reads
+//! of spilled `--small` and 64 KiB values, `--cold-reads` per run, with
+//! each of `--depths` pins in flight (and blocking `get` at depth 1),
+//! against `pread()` threads at the same depth on the same bytes
+//! (`common::cold`).
 
 #[path = "../benches/common/mod.rs"]
 mod common;
@@ -76,13 +83,20 @@ struct Opts {
     hit_warm: usize,
     repeat: usize,
     window: usize,
+    /// The buffer's read threads (`None`: its default).
+    read_threads: Option<usize>,
+    /// Reads in flight of the `cold` workload.
+    depths: Vec<usize>,
+    /// Reads per run of the `cold` workload.
+    cold_reads: usize,
 }
 
 fn usage() -> ! {
     eprintln!(
-        "usage: bench [--workload all|metadata|hit|get|pin-once|insert|spill|unspill|unspill-pipelined|policy|policy-sweep] [--dir DIR] \
+        "usage: bench [--workload all|metadata|hit|get|pin-once|insert|spill|unspill|unspill-pipelined|policy|policy-sweep|cold] [--dir DIR] \
          [--small BYTES] [--large BYTES] [--count-small N] [--count-large N] [--target BYTES] \
-         [--threads 1,2] [--compression lz4|none] [--keys N] [--io-threads N] [--hit-ops N] [--hit-keys N] [--hit-draws N] [--hit-warm N] [--repeat R] [--window W]"
+         [--threads 1,2] [--compression lz4|none] [--keys N] [--io-threads N] [--hit-ops N] [--hit-keys N] [--hit-draws N] [--hit-warm N] [--repeat R] [--window W] \
+         [--read-threads N] [--depths 1,8,32] [--cold-reads N]"
     );
     std::process::exit(2)
 }
@@ -106,6 +120,9 @@ fn parse() -> Opts {
         hit_warm: 2,
         repeat: 3,
         window: 4,
+        read_threads: None,
+        depths: vec![1, 8, 32],
+        cold_reads: 4000,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -141,6 +158,14 @@ fn parse() -> Opts {
             "--hit-warm" => o.hit_warm = num(val()),
             "--repeat" => o.repeat = num(val()).max(1),
             "--window" => o.window = num(val()).max(1),
+            "--read-threads" => o.read_threads = Some(num(val())),
+            "--depths" => {
+                o.depths = val()
+                    .split(',')
+                    .map(|s| num(s.to_string()).max(1))
+                    .collect()
+            }
+            "--cold-reads" => o.cold_reads = num(val()).max(1),
             _ => usage(),
         }
     }
@@ -230,12 +255,14 @@ fn sync_disk() {
 type Buf = SpillBuffer<u64, Vec<f64>>;
 
 fn buffer(o: &Opts, target: usize) -> Buf {
-    SpillBuffer::builder(&o.dir)
+    let mut b = SpillBuffer::builder(&o.dir)
         .memory_target(target)
         .compression(o.compression)
-        .io_threads(o.io_threads)
-        .build()
-        .expect("build buffer")
+        .io_threads(o.io_threads);
+    if let Some(n) = o.read_threads {
+        b = b.read_threads(n);
+    }
+    b.build().expect("build buffer")
 }
 
 /// A buffer holding `keys` in memory, each with its hit-path value.
@@ -910,6 +937,48 @@ fn unspill(o: &Opts, which: Unspill, order: &str, size: usize, count: usize) {
     );
 }
 
+/// Random reads with the page cache dropped (`common::cold`): `pin` with
+/// each of `--depths` reads in flight, and blocking `get` at depth 1,
+/// against `pread()` threads at the same depth. Values of `--small`
+/// bytes and of 64 KiB, 256 MiB of each.
+fn cold(o: &Opts) {
+    for size in [o.small, 64 << 10] {
+        reset_peak();
+        let values = (256 << 20) / size;
+        let b = buffer(o, 0);
+        let runs = common::cold::run(&b, &o.dir, size, values, o.cold_reads, &o.depths, o.repeat);
+        drop(b);
+        for r in runs {
+            let mut extra = json!({
+                "depth": r.depth,
+                "values": r.values,
+                "page_cache_dropped": r.cold,
+                "read_threads": o.read_threads,
+                "ratio_paired_median": r.pin_ratio_paired,
+            });
+            if let (Some(get), Some(ratio)) = (r.get, r.get_ratio_paired) {
+                extra["get_bytes_per_s"] = json!(get.round());
+                extra["get_ratio_paired_median"] = json!(ratio);
+            }
+            emit(
+                o,
+                Line {
+                    workload: format!("cold-random-pin-depth{}", r.depth),
+                    value_bytes: r.size,
+                    count: r.reads,
+                    threads: 1,
+                    bytes_per_s: r.pin,
+                    ops_per_s: r.pin / r.size as f64,
+                    lat: (r.pin_lat[0], r.pin_lat[1], r.pin_lat[2]),
+                    raw_name: "pread() of the same bytes on as many threads as reads in flight, page cache dropped (bytes/s)",
+                    raw: r.raw,
+                    extra,
+                },
+            );
+        }
+    }
+}
+
 fn main() {
     let o = parse();
     std::fs::create_dir_all(&o.dir).expect("create --dir");
@@ -947,6 +1016,9 @@ fn main() {
         unspill(&o, which, "zipf", o.large, o.count_large);
         unspill(&o, which, "seq", o.small, o.count_small);
         unspill(&o, which, "zipf", o.small, o.count_small);
+    }
+    if w == "cold" {
+        cold(&o);
     }
     if w == "policy" {
         policy::report(&o.dir, o.hit_keys, o.hit_ops, o.small);

@@ -19,7 +19,14 @@
 //! - `crc`: CRC-32 alone over a 256 KiB piece in cache;
 //! - `fresh+sum` / `sum`: as `fresh+crc`, with a Fletcher-style sum over
 //!   eight 64-bit lanes in place of the CRC: what a cheaper, weaker
-//!   payload check would cost.
+//!   payload check would cost;
+//! - `fresh+crc 64K`, `128K`: other piece sizes;
+//! - `fresh+xxh3 P` / `xxh3`: XXH3-64, the records' payload checksum
+//!   since format version 2, in place of the CRC;
+//! - `buffer get`: a blocking `get` of the same values spilled by a
+//!   buffer, the value dropped at once (a value this large is freed on
+//!   the IO pool, so its `munmap` is not in this thread's time, where the
+//!   `fresh` variants free theirs themselves).
 
 use std::fs::File;
 use std::hint::black_box;
@@ -97,6 +104,19 @@ fn main() {
         }
     }
     let f = File::open(&path).unwrap();
+    // The same values spilled by a buffer (target 0: all on disk), for its
+    // own blocking `get`.
+    let buf: spillbuffer::SpillBuffer<u64, Vec<f64>> = spillbuffer::SpillBuffer::builder(&dir)
+        .memory_target(0)
+        .build()
+        .expect("build buffer");
+    for i in 0..COUNT {
+        let mut v = vec![0f64; VALUE / 8];
+        f.read_exact_at(bytemuck::cast_slice_mut(&mut v), (i * VALUE) as u64)
+            .unwrap();
+        buf.insert(i as u64, v).unwrap();
+    }
+    buf.flush_blocking().unwrap();
     let names = [
         "reused",
         "fresh",
@@ -107,7 +127,18 @@ fn main() {
         "crc",
         "fresh+sum 256K",
         "sum",
+        "fresh+crc 64K",
+        "fresh+crc 128K",
+        "fresh+xxh3 64K",
+        "fresh+xxh3 256K",
+        "xxh3",
+        "buffer get",
+        "fresh, freed elsewhere",
     ];
+    // A thread that frees what it is sent, as the buffer's IO pool frees
+    // large values dropped on the host's thread.
+    let (free_tx, free_rx) = std::sync::mpsc::channel::<Vec<u8>>();
+    let freer = std::thread::spawn(move || free_rx.into_iter().for_each(drop));
     let mut figures: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
     let mut reused = vec![1u8; VALUE];
     for _ in 0..rounds {
@@ -141,12 +172,39 @@ fn main() {
                         read_checked(&f, i, PIECE, false, |p| lane_sum(&mut h, p));
                         black_box(h);
                     }
-                    _ => {
+                    8 => {
                         let mut h = [0u64; 16];
                         for _ in 0..VALUE / PIECE {
                             lane_sum(&mut h, &reused[..PIECE]);
                         }
                         black_box(h);
+                    }
+                    9 | 10 => {
+                        let piece = if k == 9 { 64 << 10 } else { 128 << 10 };
+                        let mut crc = crc32fast::Hasher::new();
+                        read_checked(&f, i, piece, false, |p| crc.update(p));
+                        black_box(crc.finalize());
+                    }
+                    11 | 12 => {
+                        use std::hash::Hasher;
+                        let piece = if k == 11 { 64 << 10 } else { PIECE };
+                        let mut h = twox_hash::XxHash3_64::new();
+                        read_checked(&f, i, piece, false, |p| h.write(p));
+                        black_box(h.finish());
+                    }
+                    13 => {
+                        for _ in 0..VALUE / PIECE {
+                            black_box(twox_hash::XxHash3_64::oneshot(&reused[..PIECE]));
+                        }
+                    }
+                    14 => {
+                        let p = buf.get(&(i as u64)).unwrap().expect("spilled");
+                        black_box(&*p);
+                    }
+                    _ => {
+                        let mut v = vec![0u8; VALUE];
+                        f.read_exact_at(&mut v, at).unwrap();
+                        free_tx.send(black_box(v)).unwrap();
                     }
                 }
             }
@@ -169,5 +227,7 @@ fn main() {
             fig[fig.len() - 1]
         );
     }
+    drop(free_tx);
+    freer.join().unwrap();
     let _ = std::fs::remove_file(&path);
 }

@@ -12,6 +12,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Read threads of the IO pool unless set ([`Builder::read_threads`]).
+const DEFAULT_READ_THREADS: usize = 32;
+/// More read threads than this is a mistake (a count of bytes?), refused.
+const MAX_READ_THREADS: usize = 1024;
+
 /// Settings for a [`SpillBuffer`](crate::SpillBuffer); made by
 /// [`SpillBuffer::builder`](crate::SpillBuffer::builder).
 pub struct Builder<K, V> {
@@ -27,6 +32,7 @@ pub(crate) struct Config {
     pub max_spill: u64,
     pub compression: Compression,
     pub io_threads: usize,
+    pub read_threads: usize,
     pub segment_size: u64,
     pub compact_below: f64,
     pub shards: usize,
@@ -45,6 +51,7 @@ impl<K, V> Debug for Builder<K, V> {
             .field("max_spill", &c.max_spill)
             .field("compression", &c.compression)
             .field("io_threads", &c.io_threads)
+            .field("read_threads", &c.read_threads)
             .field("segment_size", &c.segment_size)
             .field("compact_below", &c.compact_below)
             .field("shards", &c.shards)
@@ -63,6 +70,7 @@ impl<K, V> Builder<K, V> {
             max_spill: u64::MAX,
             compression: Compression::Lz4,
             io_threads: 2,
+            read_threads: DEFAULT_READ_THREADS,
             segment_size: 64 << 20,
             compact_below: 0.7,
             shards: 16,
@@ -109,6 +117,21 @@ impl<K, V> Builder<K, V> {
     /// Threads in the buffer's own IO pool. Defaults to: 2.
     pub fn io_threads(mut self, n: usize) -> Self {
         self.cfg.io_threads = n;
+        self
+    }
+
+    /// Threads that run only the reads of [`pin`](crate::SpillBuffer::pin)
+    /// (and of record transfers), besides the IO threads, which take reads
+    /// too. A read holds its thread in `pread()` for as long as the disk
+    /// takes, so the number of reads the disk sees at once is at most
+    /// `io_threads + read_threads`: a solid-state disk reaches its
+    /// throughput of small random reads only with tens in flight.
+    /// Waiting threads cost no CPU; with the page cache warm, reads are
+    /// CPU work and more threads than cores only take turns. 0 leaves reads
+    /// to the IO threads alone. Each read thread keeps at most 2 MiB of
+    /// scratch buffers. Defaults to: 32 (docs/tuning.md).
+    pub fn read_threads(mut self, n: usize) -> Self {
+        self.cfg.read_threads = n;
         self
     }
 
@@ -193,6 +216,12 @@ impl<K, V> Builder<K, V> {
         if c.io_threads == 0 {
             return bad("io_threads", "must be at least 1".into());
         }
+        if c.read_threads > MAX_READ_THREADS {
+            return bad(
+                "read_threads",
+                format!("{} is more than {MAX_READ_THREADS}", c.read_threads),
+            );
+        }
         if let Some(limit) = c.memory_limit {
             if limit < c.memory_target {
                 return bad(
@@ -232,6 +261,7 @@ mod tests {
     fn bad_settings_name_themselves() {
         let cases: Vec<(Builder<u64, Vec<u8>>, &str)> = vec![
             (b().io_threads(0), "io_threads"),
+            (b().read_threads(1025), "read_threads"),
             (b().memory_target(10).memory_limit(5), "memory_limit"),
             (b().segment_size(10), "segment_size"),
             (b().compact_below(1.5), "compact_below"),

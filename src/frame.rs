@@ -223,7 +223,7 @@ impl Record {
                 "payload is {len} bytes, record header says {stored_len}, frame {record_len} with its header"
             )));
         }
-        if crc32fast::hash(&payload) != stored::payload_crc(&head) {
+        if !stored::payload_ok(&head, &payload) {
             return Err(invalid("payload checksum mismatch".into()));
         }
         match codec {

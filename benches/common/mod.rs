@@ -5,6 +5,7 @@
 //! unspill loop that `examples/bench.rs` and `benches/unspill.rs` share.
 #![allow(dead_code)]
 
+pub mod cold;
 pub mod policy;
 
 use criterion::{black_box, Criterion};

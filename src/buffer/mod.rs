@@ -39,9 +39,10 @@ mod tests;
 
 use crate::config::Builder;
 use crate::error::{Error, InsertError, Result, SpillFailure};
-use crate::io::Pool;
+use crate::io::{Pool, Readers};
 use crate::metrics::Stats;
 use crate::store::dirs::{sweep_stale, SpillDirs};
+use crate::store::scratch;
 use crate::store::{Store, StoreConfig};
 use crate::value::Spill;
 use inner::failure::Admission;
@@ -55,6 +56,13 @@ use std::fmt::{self, Debug};
 use std::hash::Hash;
 use std::path::PathBuf;
 use std::sync::Arc;
+
+/// Scratch each read thread keeps, per buffer: enough for the records of
+/// small values and for compressed values up to about 2 MiB; larger ones
+/// read on a read thread allocate their scratch for the read. Many read
+/// threads each keeping the IO threads' larger scratch could hold
+/// gigabytes that no gauge counts.
+const READ_THREAD_SCRATCH: usize = 2 << 20;
 
 /// What a key must be: hashable, comparable, cheap enough to clone (IO jobs
 /// carry a copy), printable for error messages, and shareable.
@@ -111,10 +119,14 @@ impl<K: Key, V: Spill> Builder<K, V> {
     pub fn build(self) -> Result<SpillBuffer<K, V>> {
         let cfg = self.check()?;
         let dirs = SpillDirs::create(&cfg.dirs)?;
+        let readers = Readers {
+            threads: cfg.read_threads,
+            on_start: Some(|| scratch::keep_at_most(READ_THREAD_SCRATCH)),
+        };
         #[cfg(feature = "metrics")]
-        let pool = Pool::with_periodic(cfg.io_threads, cfg.metrics_interval);
+        let pool = Pool::with_periodic(cfg.io_threads, readers, cfg.metrics_interval);
         #[cfg(not(feature = "metrics"))]
-        let pool = Pool::new(cfg.io_threads);
+        let pool = Pool::with_readers(cfg.io_threads, readers);
         let pool =
             pool.map_err(|e| Error::io("start IO threads", dirs.path(0).to_path_buf(), e))?;
         let store = Store::new(
@@ -269,7 +281,14 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
             Lookup::Hit(p) => return Ok(Some(p)),
             Lookup::Missing | Lookup::NotResident => return Ok(None),
             Lookup::Joined => {}
-            Lookup::Read { key, version, loc } => self.inner().unspill(key, version, loc),
+            Lookup::Read { key, version, loc } => {
+                // Large values dropped earlier may still wait for the pool
+                // to free them: free them here first, so that this read's
+                // value reuses their pages rather than faulting in fresh
+                // ones. This caller blocks on a read anyway.
+                self.inner().pool().run_queued_frees();
+                self.inner().unspill(key, version, loc)
+            }
         }
         rx.recv().unwrap_or_else(inner::closed)
     }

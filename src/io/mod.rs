@@ -3,7 +3,10 @@
 //! is waiting), spill writes, then background work (prefetch, compaction,
 //! file deletion). While the host says memory is short
 //! ([`Pool::set_writes_first`]), spill writes go before demand reads: a
-//! write that lands gives memory back, a read takes more.
+//! write that lands gives memory back, a read takes more. Read threads, if
+//! any, take demand reads only: a read blocks its thread in `pread()` for
+//! the device's latency, so reads in flight at once need as many threads,
+//! which cost no CPU while they wait.
 //!
 //! Jobs are boxed closures, so the pool knows nothing of keys and values.
 //! It counts queued and running jobs so that `flush` can wait for all of
@@ -56,6 +59,15 @@ pub(crate) enum Priority {
     Spill = 2,
     /// Nobody waits: prefetch, compaction, deleting files.
     Background = 3,
+}
+
+/// The pool's read threads, which run demand reads only.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Readers {
+    /// How many.
+    pub threads: usize,
+    /// Run by each when it starts (to set its thread-local limits).
+    pub on_start: Option<fn()>,
 }
 
 /// Number of queues, one per [`Priority`].
@@ -121,6 +133,12 @@ pub(crate) struct Pool {
 
 impl Pool {
     /// Start `threads` IO threads.
+    #[cfg(test)]
+    pub(crate) fn new(threads: usize) -> std::io::Result<Pool> {
+        Pool::start(threads, Readers::default(), None)
+    }
+
+    /// Start `threads` IO threads and the read threads `readers` asks for.
     #[cfg_attr(
         all(feature = "metrics", not(test)),
         expect(
@@ -128,8 +146,8 @@ impl Pool {
             reason = "with the metrics feature, buffers start pools with a periodic callback"
         )
     )]
-    pub(crate) fn new(threads: usize) -> std::io::Result<Pool> {
-        Pool::start(threads, None)
+    pub(crate) fn with_readers(threads: usize, readers: Readers) -> std::io::Result<Pool> {
+        Pool::start(threads, readers, None)
     }
 
     /// Start `threads` IO threads that run the callback given to
@@ -138,9 +156,10 @@ impl Pool {
     #[cfg(feature = "metrics")]
     pub(crate) fn with_periodic(
         threads: usize,
+        readers: Readers,
         every: std::time::Duration,
     ) -> std::io::Result<Pool> {
-        Pool::start(threads, Some(Arc::new(Periodic::new(every))))
+        Pool::start(threads, readers, Some(Arc::new(Periodic::new(every))))
     }
 
     /// Set the callback of a pool made by [`Pool::with_periodic`].
@@ -151,7 +170,7 @@ impl Pool {
         }
     }
 
-    fn start(threads: usize, periodic: MaybePeriodic) -> std::io::Result<Pool> {
+    fn start(threads: usize, readers: Readers, periodic: MaybePeriodic) -> std::io::Result<Pool> {
         let channels: [(Sender<Job>, Receiver<Job>); QUEUES] =
             std::array::from_fn(|_| crossbeam_channel::unbounded());
         let rx = channels.each_ref().map(|(_, rx)| rx.clone());
@@ -161,17 +180,26 @@ impl Pool {
         let idle = Arc::new(Idle::default());
         let busy = Arc::new(Busy::default());
         let writes_first = Arc::new(AtomicBool::new(false));
-        let mut handles = Vec::with_capacity(threads);
-        for i in 0..threads {
-            let rx = rx.clone();
+        let mut handles = Vec::with_capacity(threads + readers.threads);
+        let reads = [rx[Priority::Demand as usize].clone()];
+        let kinds = (0..threads)
+            .map(|i| (format!("spillbuffer-io-{i}"), rx.to_vec(), None))
+            .chain((0..readers.threads).map(|i| {
+                let name = format!("spillbuffer-read-{i}");
+                (name, reads.to_vec(), readers.on_start)
+            }));
+        for (name, rx, on_start) in kinds {
             let stop = stop_rx.clone();
             let idle = Arc::clone(&idle);
             let busy = Arc::clone(&busy);
             let order = Arc::clone(&writes_first);
             let periodic = periodic.clone();
-            let h = std::thread::Builder::new()
-                .name(format!("spillbuffer-io-{i}"))
-                .spawn(move || worker(rx, stop, idle, busy, order, periodic))?;
+            let h = std::thread::Builder::new().name(name).spawn(move || {
+                if let Some(f) = on_start {
+                    f();
+                }
+                worker(rx, stop, idle, busy, order, periodic)
+            })?;
             handles.push(h);
         }
         Ok(Pool {
@@ -232,6 +260,20 @@ impl Pool {
     /// target. Jobs already running are not affected.
     pub(crate) fn set_writes_first(&self, on: bool) {
         self.writes_first.store(on, Relaxed);
+    }
+
+    /// Run the queued [`Priority::Free`] jobs on the calling thread, for a
+    /// caller about to allocate a large value that is free to block: a
+    /// value freed here gives its pages to the next allocation, one freed
+    /// later by a pool thread leaves that allocation to fault in fresh
+    /// pages.
+    pub(crate) fn run_queued_frees(&self) {
+        for job in self.rx[Priority::Free as usize].try_iter() {
+            if catch_unwind(AssertUnwindSafe(job)).is_err() {
+                tracing::error!("a spillbuffer IO job panicked; the pool keeps running");
+            }
+            self.idle.done();
+        }
     }
 
     /// Jobs queued or running.
@@ -308,8 +350,9 @@ impl Drop for Pool {
     }
 }
 
+/// Run jobs from the queues `rx` (in priority order) until the pool stops.
 fn worker(
-    rx: [Receiver<Job>; QUEUES],
+    rx: Vec<Receiver<Job>>,
     stop: Receiver<()>,
     idle: Arc<Idle>,
     busy: Arc<Busy>,
@@ -349,7 +392,7 @@ fn run_periodic(periodic: &MaybePeriodic) {
 /// The highest-priority job available, waiting if there is none. `None`
 /// when the pool is stopping.
 fn next_job(
-    rx: &[Receiver<Job>; QUEUES],
+    rx: &[Receiver<Job>],
     stop: &Receiver<()>,
     writes_first: &AtomicBool,
     periodic: &MaybePeriodic,
@@ -358,12 +401,16 @@ fn next_job(
         if stop.try_recv() == Err(crossbeam_channel::TryRecvError::Disconnected) {
             return None;
         }
-        let order = if writes_first.load(Relaxed) {
-            WRITES_FIRST
+        // A read thread has one queue, demand reads; an IO thread has all
+        // of them, indexed by priority.
+        let order: &[usize] = if rx.len() < QUEUES {
+            &[0]
+        } else if writes_first.load(Relaxed) {
+            &WRITES_FIRST
         } else {
-            NORMAL
+            &NORMAL
         };
-        for i in order {
+        for &i in order {
             if let Ok(job) = rx[i].try_recv() {
                 return Some(job);
             }
@@ -581,6 +628,84 @@ mod tests {
         .unwrap();
         pool.shutdown();
         assert!(!pool.submit_stream(Box::new(|_free| {})).unwrap());
+    }
+
+    /// Read threads take demand reads while every IO thread is busy, and
+    /// nothing else: a spill job waits for an IO thread.
+    #[test]
+    fn read_threads_run_demand_reads_only() {
+        let readers = Readers {
+            threads: 2,
+            on_start: None,
+        };
+        let pool = Pool::with_readers(1, readers).unwrap();
+        let (gate_tx, gate_rx) = crossbeam_channel::bounded::<()>(0);
+        let (started_tx, started_rx) = crossbeam_channel::bounded::<()>(1);
+        // Occupy the only IO thread with a spill job.
+        pool.submit(
+            Priority::Spill,
+            Box::new(move || {
+                started_tx.send(()).unwrap();
+                let _ = gate_rx.recv();
+            }),
+        );
+        started_rx.recv().unwrap();
+        let spilled = Arc::new(AtomicBool::new(false));
+        let s = Arc::clone(&spilled);
+        pool.submit(Priority::Spill, Box::new(move || s.store(true, SeqCst)));
+        // Two reads that each wait for the other: both must run at once,
+        // on the two read threads.
+        let both = Arc::new(std::sync::Barrier::new(2));
+        let (done_tx, done_rx) = crossbeam_channel::unbounded();
+        for _ in 0..2 {
+            let both = Arc::clone(&both);
+            let done = done_tx.clone();
+            pool.submit(
+                Priority::Demand,
+                Box::new(move || {
+                    both.wait();
+                    done.send(std::thread::current().name().map(String::from))
+                        .unwrap();
+                }),
+            );
+        }
+        for _ in 0..2 {
+            let name = done_rx.recv().unwrap().unwrap();
+            assert!(name.starts_with("spillbuffer-read-"), "{name}");
+        }
+        assert!(!spilled.load(SeqCst), "a read thread ran a spill job");
+        gate_tx.send(()).unwrap();
+        pool.wait_idle_blocking();
+        assert!(spilled.load(SeqCst));
+        assert!(pool.thread_ids.len() == 3);
+    }
+
+    /// Queued frees run on a caller that asks, and count as done.
+    #[test]
+    fn queued_frees_run_on_the_caller() {
+        let pool = Pool::new(1).unwrap();
+        let (gate_tx, gate_rx) = crossbeam_channel::bounded::<()>(0);
+        let (started_tx, started_rx) = crossbeam_channel::bounded::<()>(1);
+        pool.submit(
+            Priority::Spill,
+            Box::new(move || {
+                started_tx.send(()).unwrap();
+                let _ = gate_rx.recv();
+            }),
+        );
+        started_rx.recv().unwrap();
+        let ran_on = Arc::new(Mutex::new(None));
+        let r = Arc::clone(&ran_on);
+        pool.submit(
+            Priority::Free,
+            Box::new(move || *r.lock() = Some(std::thread::current().id())),
+        );
+        assert_eq!(pool.pending(), 2);
+        pool.run_queued_frees();
+        assert_eq!(*ran_on.lock(), Some(std::thread::current().id()));
+        assert_eq!(pool.pending(), 1);
+        gate_tx.send(()).unwrap();
+        pool.wait_idle_blocking();
     }
 
     #[tokio::test]

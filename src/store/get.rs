@@ -78,7 +78,7 @@ pub(crate) fn check_split(head: &[u8], body: &[u8]) -> std::result::Result<(Code
             body.len()
         ));
     }
-    if crc32fast::hash(body) != record::payload_crc(head) {
+    if !record::payload_ok(head, body) {
         return Err("payload checksum mismatch".into());
     }
     let raw_len =
@@ -303,23 +303,22 @@ impl<K: Clone + Debug> Store<K> {
         let raw_len = usize::try_from(raw_len)
             .map_err(|_| corrupt("record too large for this machine".into()))?;
         let body = loc.offset + record::HEADER as u64;
-        let want_crc = record::payload_crc(&head);
         // The first failure inside `fill`, reported as is.
         let mut failed: Option<Error> = None;
         let in_place = match codec {
             Codec::Raw => {
                 let mut fill = |dst: &mut [u8]| -> std::result::Result<(), BoxError> {
-                    let mut crc = crc32fast::Hasher::new();
+                    let mut check = record::PayloadCheck::new(&head);
                     let mut at = body;
                     for piece in dst.chunks_mut(READ_PIECE) {
                         if let Err(e) = file.read_exact_at(piece, at) {
                             failed = Some(io(at, piece.len(), e));
                             return Err("read failed".into());
                         }
-                        crc.update(piece);
+                        check.update(piece);
                         at += piece.len() as u64;
                     }
-                    if crc.finalize() != want_crc {
+                    if !check.ok() {
                         failed = Some(corrupt("payload checksum mismatch".into()));
                         return Err("checksum mismatch".into());
                     }
@@ -338,7 +337,7 @@ impl<K: Clone + Debug> Store<K> {
             fit(&mut sc.a, stored as usize);
             file.read_exact_at(&mut sc.a, body)
                 .map_err(|e| io(body, sc.a.len(), e))?;
-            if crc32fast::hash(&sc.a) != want_crc {
+            if !record::payload_ok(&head, &sc.a) {
                 return Err(corrupt("payload checksum mismatch".into()));
             }
             match codec {

@@ -20,6 +20,7 @@
 //! happen outside it.
 
 mod append;
+pub(crate) mod checksum;
 pub(crate) mod codec;
 pub(crate) mod compact;
 pub(crate) mod dirs;

@@ -2,7 +2,7 @@
 //! one thread: copying into reused memory runs several times faster than
 //! into freshly allocated pages, which fault in one by one.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 /// One thread's buffers.
 #[derive(Default)]
@@ -14,11 +14,20 @@ pub(crate) struct Scratch {
 }
 
 /// Scratch buffers larger than this are released after use rather than
-/// kept for the thread's life.
+/// kept for the thread's life, unless the thread set a lower bound
+/// ([`keep_at_most`]).
 const SCRATCH_KEEP: usize = 64 << 20;
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+    static KEEP: Cell<usize> = const { Cell::new(SCRATCH_KEEP) };
+}
+
+/// Keep this thread's scratch buffers only up to `bytes` each: for the
+/// IO pool's many read threads, whose scratch no gauge counts and which
+/// only a compressed record, or a value type decoded from a copy, needs.
+pub(crate) fn keep_at_most(bytes: usize) {
+    KEEP.set(bytes.min(SCRATCH_KEEP));
 }
 
 /// Run `f` with this thread's scratch buffers.
@@ -27,8 +36,9 @@ pub(crate) fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
         Ok(mut guard) => {
             let s = &mut *guard;
             let r = f(s);
+            let keep = KEEP.get();
             for v in [&mut s.a, &mut s.b, &mut s.batch] {
-                if v.capacity() > SCRATCH_KEEP {
+                if v.capacity() > keep {
                     *v = Vec::new();
                 }
             }

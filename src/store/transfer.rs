@@ -188,11 +188,11 @@ pub(crate) fn open_received(rec: &Record) -> std::result::Result<Received<'_>, S
 impl Received<'_> {
     /// Check the payload against the record header's checksum.
     pub(crate) fn check_payload(&self) -> std::result::Result<(), String> {
-        let mut crc = crc32fast::Hasher::new();
+        let mut check = record::PayloadCheck::new(&self.head);
         for p in self.payload {
-            crc.update(p);
+            check.update(p);
         }
-        if crc.finalize() != record::payload_crc(&self.head) {
+        if !check.ok() {
             return Err("payload checksum mismatch".into());
         }
         Ok(())
@@ -316,7 +316,7 @@ impl<K: Clone + Debug> Store<K> {
                     piece,
                     STREAM_PIECE.min(usize::try_from(stored).unwrap_or(STREAM_PIECE)),
                 );
-                let mut crc = crc32fast::Hasher::new();
+                let mut check = record::PayloadCheck::new(&head);
                 let mut at = record::HEADER as u64;
                 while at < record_len {
                     let n = piece.len().min((record_len - at) as usize);
@@ -324,11 +324,11 @@ impl<K: Clone + Debug> Store<K> {
                         refused = Some(failed(e));
                         return Ok(());
                     }
-                    crc.update(&piece[..n]);
+                    check.update(&piece[..n]);
                     file.write_all_at(&piece[..n], offset + at)?;
                     at += n as u64;
                 }
-                if crc.finalize() != record::payload_crc(&head) {
+                if !check.ok() {
                     refused = Some(corrupt("payload checksum mismatch".into()));
                 }
                 Ok(())
