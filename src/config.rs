@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Read threads of the IO pool unless set ([`Builder::read_threads`]).
-const DEFAULT_READ_THREADS: usize = 32;
+const DEFAULT_READ_THREADS: usize = 0;
 /// More read threads than this is a mistake (a count of bytes?), refused.
 const MAX_READ_THREADS: usize = 1024;
 
@@ -129,7 +129,7 @@ impl<K, V> Builder<K, V> {
     /// Waiting threads cost no CPU; with the page cache warm, reads are
     /// CPU work and more threads than cores only take turns. 0 leaves reads
     /// to the IO threads alone. Each read thread keeps at most 2 MiB of
-    /// scratch buffers. Defaults to: 32 (docs/tuning.md).
+    /// scratch buffers. Defaults to: 0 (docs/tuning.md).
     pub fn read_threads(mut self, n: usize) -> Self {
         self.cfg.read_threads = n;
         self
