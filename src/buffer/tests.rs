@@ -301,6 +301,7 @@ fn every_eviction_is_the_one_the_rule_picks() {
     b.validate().unwrap();
 }
 
+mod gauge_tear;
 mod hits;
 
 /// A write finishing while memory is over the target evicts again: an
