@@ -10,9 +10,9 @@
 //! that moves it, the atomic that holds it and the [`Readings`] field that
 //! reports it all come from that line.
 
-use parking_lot::Mutex;
+use crate::sync::atomic::{fence, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+use crate::sync::Mutex;
 use std::collections::VecDeque;
-use std::sync::atomic::{fence, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 
 /// Defines [`Delta`] (signed changes, one field per gauge and per-shard
 /// gauge), [`Gauges`] (one atomic per gauge and per derived gauge) and
@@ -233,7 +233,7 @@ impl Delta {
 
 /// The hook of `Gauges::halfway`.
 #[cfg(test)]
-pub(crate) type Halfway = std::sync::Arc<dyn Fn(&Delta) + Send + Sync>;
+pub(crate) type Halfway = crate::sync::Arc<dyn Fn(&Delta) + Send + Sync>;
 
 #[cfg(test)]
 impl Gauges {
@@ -493,7 +493,7 @@ impl Accounting {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicBool;
+    use crate::sync::atomic::AtomicBool;
 
     /// Apply `d`, then its negation, 20,000 times on another thread, while
     /// this thread calls `check` with the number of checks so far, until

@@ -25,7 +25,7 @@
 
 use super::*;
 use crate::buffer::accounting::Delta;
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use crate::sync::atomic::{AtomicBool, Ordering::SeqCst};
 
 /// Three keys: the one written while the host evicts, the older resident
 /// one the eviction must write, and the one the host inserts. The written
