@@ -60,6 +60,7 @@ mod frame;
 mod io;
 mod metrics;
 mod store;
+mod sync;
 mod value;
 
 pub use buffer::{Key, Pinned, SpillBuffer};

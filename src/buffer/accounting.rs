@@ -10,9 +10,9 @@
 //! that moves it, the atomic that holds it and the [`Readings`] field that
 //! reports it all come from that line.
 
-use parking_lot::Mutex;
+use crate::sync::atomic::{fence, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+use crate::sync::Mutex;
 use std::collections::VecDeque;
-use std::sync::atomic::{fence, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 
 /// Defines [`Delta`] (signed changes, one field per gauge and per-shard
 /// gauge), [`Gauges`] (one atomic per gauge and per derived gauge) and
@@ -54,13 +54,25 @@ macro_rules! gauges {
         struct Gauges {
             $($(#[$doc])* $field: AtomicUsize,)*
             $($(#[$ddoc])* $dfield: AtomicUsize,)*
+            /// Tests only: called with each change once its first gauge
+            /// (`resident`) has moved and before the others do, so that a
+            /// test can hold a change half made while another thread reads
+            /// the gauges (`tests/gauge_tear.rs`).
+            #[cfg(test)]
+            halfway: Mutex<Option<Halfway>>,
         }
 
         impl Gauges {
             /// Apply every buffer-wide part of `d`.
             #[inline]
             fn shift_all(&self, d: Delta) {
-                $(shift(&self.$field, d.$field);)*
+                $(
+                    shift(&self.$field, d.$field);
+                    #[cfg(test)]
+                    if stringify!($field) == "resident" {
+                        self.halfway(&d);
+                    }
+                )*
                 $(shift(&self.$dfield, ($of)(d));)*
             }
 
@@ -219,6 +231,23 @@ impl Delta {
     }
 }
 
+/// The hook of `Gauges::halfway`.
+#[cfg(test)]
+pub(crate) type Halfway = crate::sync::Arc<dyn Fn(&Delta) + Send + Sync>;
+
+#[cfg(test)]
+impl Gauges {
+    /// Call the test hook, if one is set, with the change `d`.
+    fn halfway(&self, d: &Delta) {
+        // Not called under the hook's lock: other threads apply changes
+        // while it holds this one.
+        let halfway = self.halfway.lock().clone();
+        if let Some(halfway) = halfway {
+            halfway(d);
+        }
+    }
+}
+
 fn shift(a: &AtomicUsize, d: isize) {
     if d > 0 {
         a.fetch_add(d as usize, Relaxed);
@@ -341,6 +370,13 @@ impl Accounting {
         self.target.store(bytes, Relaxed);
     }
 
+    /// Set or clear the hook that holds each change of the gauges after its
+    /// first store (see `Gauges::halfway`).
+    #[cfg(test)]
+    pub(crate) fn set_halfway(&self, hook: Option<Halfway>) {
+        *self.gauges.0.halfway.lock() = hook;
+    }
+
     /// Reserve `w` bytes for a prefetch if unpinned resident bytes plus
     /// reservations stay within `target`; `pinned` is the weight of pinned
     /// values.
@@ -457,7 +493,7 @@ impl Accounting {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicBool;
+    use crate::sync::atomic::AtomicBool;
 
     /// Apply `d`, then its negation, 20,000 times on another thread, while
     /// this thread calls `check` with the number of checks so far, until

@@ -22,8 +22,8 @@
 //! single thread the order stays exact. Another thread's uses it did not
 //! publish yet are at most [`SLACK`] ticks ahead, as always.
 
+use crate::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// How far a thread's ticks may run ahead of the published clock before it
 /// publishes: one shared write per this many ticks, and the bound on how

@@ -6,7 +6,7 @@
 use crate::buffer::accounting::Delta;
 use crate::buffer::pinned::Waiter;
 use crate::store::DiskLoc;
-use std::sync::Arc;
+use crate::sync::Arc;
 
 /// What a removed entry left: its record (to release), its value (to drop,
 /// when nothing else the buffer counts holds it, else `detached`) and the

@@ -15,7 +15,7 @@ use crate::buffer::hit::HitPins;
 use crate::buffer::pinned::Waiter;
 use crate::store::compact::Relocated;
 use crate::store::DiskLoc;
-use std::sync::Arc;
+use crate::sync::Arc;
 
 /// Where an entry's value is. See docs/design.md for the transitions.
 pub(crate) enum State<V> {

@@ -19,8 +19,8 @@
 //! used just before a clean one still goes after it.
 
 use super::entry::ListKind;
-use parking_lot::{ReentrantMutex, ReentrantMutexGuard};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use crate::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use crate::sync::{ReentrantMutex, ReentrantMutexGuard};
 use std::time::Instant;
 
 /// A dirty entry is evicted before a clean one only when it is more than

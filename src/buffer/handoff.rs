@@ -7,8 +7,8 @@
 //! channel allocates a cache-padded, over-aligned block, a noticeable part
 //! of a `get` of a small value.
 
-use parking_lot::{Condvar, Mutex};
-use std::sync::Arc;
+use crate::sync::Arc;
+use crate::sync::{Condvar, Mutex};
 
 struct Slot<T> {
     /// `Some(Some(v))`: sent; `Some(None)`: the sender went away without

@@ -25,11 +25,11 @@
 //! it).
 
 use crate::buffer::clock::Ticks;
-use std::sync::atomic::{
+use crate::sync::atomic::{
     AtomicIsize, AtomicU64,
     Ordering::{AcqRel, Relaxed},
 };
-use std::sync::{Arc, Weak};
+use crate::sync::{Arc, Weak};
 
 /// Where a pin lives: shard, slot and the entry's version. A pin whose
 /// entry was removed or replaced finds another version there and does

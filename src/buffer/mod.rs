@@ -44,18 +44,18 @@ use crate::metrics::Stats;
 use crate::store::dirs::{sweep_stale, SpillDirs};
 use crate::store::scratch;
 use crate::store::{Store, StoreConfig};
+use crate::sync::Arc;
+use crate::sync::Mutex;
 use crate::value::Spill;
 use inner::failure::Admission;
 use inner::read::Lookup;
 use inner::Inner;
-use parking_lot::Mutex;
 pub use pinned::Pinned;
 use pinned::Waiter;
 use std::borrow::Borrow;
 use std::fmt::{self, Debug};
 use std::hash::Hash;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 /// Scratch each read thread keeps, per buffer: enough for the records of
 /// small values and for compressed values up to about 2 MiB; larger ones

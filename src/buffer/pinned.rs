@@ -3,9 +3,9 @@
 
 use crate::buffer::hit::{HitPins, PinAt, PinOwner, Released};
 use crate::error::Result;
+use crate::sync::Arc;
 use std::fmt;
 use std::ops::Deref;
-use std::sync::Arc;
 
 /// The outcome sent to a reader waiting on a disk read.
 pub(crate) type PinResult<V> = Result<Option<Pinned<V>>>;

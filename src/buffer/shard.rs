@@ -37,11 +37,11 @@ use crate::buffer::pinned::Waiter;
 use crate::buffer::spill_queue::SpillJob;
 use crate::store::compact::Relocated;
 use crate::store::DiskLoc;
+use crate::sync::Arc;
 use hashbrown::HashTable;
 use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::sync::Arc;
 
 /// Readers to answer after unlocking.
 pub(crate) enum Wake<V> {
@@ -160,7 +160,7 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         V: Send + Sync + 'static,
     {
         use crate::buffer::hit::PinOwner;
-        use std::sync::Weak;
+        use crate::sync::Weak;
         let owner: Weak<dyn PinOwner<V>> = Weak::<tests::NoOwner>::new();
         Self::new_in(KeyHash::new(), Arc::new(HitContext::new(owner, 1)), 0)
     }

@@ -12,9 +12,9 @@
 //! names when it refuses a value.
 
 use crate::error::{Error, SpillFailure};
-use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::Arc;
+use crate::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use crate::sync::Arc;
+use crate::sync::Mutex;
 
 /// A value chosen for eviction, waiting to be written.
 pub(crate) struct SpillJob<K, V> {

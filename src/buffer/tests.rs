@@ -301,7 +301,10 @@ fn every_eviction_is_the_one_the_rule_picks() {
     b.validate().unwrap();
 }
 
+mod gauge_tear;
 mod hits;
+#[cfg(shuttle)]
+mod schedules;
 
 /// A write finishing while memory is over the target evicts again: an
 /// eviction on another thread that read the gauges while that write was

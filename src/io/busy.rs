@@ -3,8 +3,8 @@
 //! (`spill_seconds_total`, …) add up over threads, so two threads writing
 //! for one second count two; this counts one.
 
-use parking_lot::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use crate::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use crate::sync::Mutex;
 use std::time::Instant;
 
 #[derive(Default)]

@@ -24,14 +24,14 @@ mod busy;
 mod periodic;
 mod streams;
 
+use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+use crate::sync::Arc;
+use crate::sync::{Condvar, Mutex, RwLock};
 use busy::Busy;
 use crossbeam_channel::{Receiver, Select, Sender};
-use parking_lot::{Condvar, Mutex, RwLock};
 #[cfg(feature = "metrics")]
 use periodic::Periodic;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::Arc;
 use std::thread::{JoinHandle, ThreadId};
 use streams::Streams;
 pub(crate) use streams::{Free, StreamJob};
@@ -180,6 +180,13 @@ impl Pool {
         let idle = Arc::new(Idle::default());
         let busy = Arc::new(Busy::default());
         let writes_first = Arc::new(AtomicBool::new(false));
+        // Under shuttle each job runs on a shuttle thread of its own
+        // (`submit`); no thread waits on the queues.
+        #[cfg(all(test, shuttle))]
+        let (threads, readers) = {
+            let _ = (threads, readers);
+            (0, Readers::default())
+        };
         let mut handles = Vec::with_capacity(threads + readers.threads);
         let reads = [rx[Priority::Demand as usize].clone()];
         let kinds = (0..threads)
@@ -227,6 +234,12 @@ impl Pool {
             return false;
         };
         self.idle.pending.fetch_add(1, SeqCst);
+        #[cfg(all(test, shuttle))]
+        {
+            let _ = (&q.tx, prio);
+            spawn_on_shuttle(job, Arc::clone(&self.idle));
+        }
+        #[cfg(not(all(test, shuttle)))]
         if q.tx[prio as usize].send(job).is_err() {
             self.idle.done();
             return false;
@@ -376,6 +389,21 @@ fn worker(
     }
 }
 
+/// Under shuttle: run `job` on a shuttle thread of its own, so that the
+/// schedules explored cover every order of the jobs, and every
+/// interleaving of a job with the host's threads and the other jobs. The
+/// queues' priorities (and `set_writes_first`) are not kept (an order
+/// they rule out is still one the buffer's state must survive, as a
+/// second pool thread allows), there are no read threads, and no job
+/// counts as on a pool thread (`on_pool_thread`).
+#[cfg(all(test, shuttle))]
+fn spawn_on_shuttle(job: Job, idle: Arc<Idle>) {
+    shuttle::thread::spawn(move || {
+        job();
+        idle.done();
+    });
+}
+
 /// Run the periodic callback if it is due, containing a panic in it.
 #[cfg_attr(not(feature = "metrics"), inline(always))]
 fn run_periodic(periodic: &MaybePeriodic) {
@@ -437,7 +465,7 @@ fn next_job(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicBool;
+    use crate::sync::atomic::AtomicBool;
 
     /// Two jobs that run at the same time for at least 20 ms each count
     /// their overlap once: busy time is at least one job's length, at most

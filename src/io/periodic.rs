@@ -3,7 +3,7 @@
 //! waited for one as long as the interval, each time only if the interval
 //! has passed since the last run. Zero runs it after every job.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use crate::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 

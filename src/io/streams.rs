@@ -13,10 +13,10 @@
 //! current job returns.
 
 use super::Idle;
+use crate::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering::SeqCst};
+use crate::sync::Arc;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering::SeqCst};
-use std::sync::Arc;
 use std::time::Duration;
 
 /// At most this many stream threads per buffer: transfers beyond it queue

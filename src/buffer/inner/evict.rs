@@ -9,9 +9,9 @@ use crate::buffer::entry::ListKind;
 use crate::buffer::eviction::choose;
 use crate::buffer::Key;
 use crate::metrics::Metrics;
+use crate::sync::atomic::{fence, Ordering::Relaxed, Ordering::SeqCst};
+use crate::sync::Arc;
 use crate::value::Spill;
-use std::sync::atomic::{fence, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::Arc;
 
 impl<K: Key, V: Spill> Inner<K, V> {
     /// Evict until unpinned resident bytes are within the target.

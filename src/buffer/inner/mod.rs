@@ -38,12 +38,12 @@ use crate::io::{Pool, Priority};
 use crate::metrics::spans::JobSpan;
 use crate::metrics::{Metrics, Stats, Telemetry};
 use crate::store::{DiskLoc, Store};
+use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use crate::sync::RwLock;
+use crate::sync::{Arc, Weak};
 use crate::value::Spill;
-use parking_lot::RwLock;
 use std::borrow::Borrow;
 use std::hash::Hash;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Weak};
 
 /// One shard behind its lock, with the ticks of its two list tails
 /// published for lock-free victim selection. Aligned to keep shards on

@@ -14,11 +14,11 @@ use crate::io::Priority;
 use crate::metrics::spans::JobSpan;
 use crate::metrics::Metrics;
 use crate::store::DiskLoc;
+use crate::sync::Arc;
 use crate::value::Spill;
 use std::borrow::Borrow;
 use std::cell::Cell;
 use std::hash::Hash;
-use std::sync::Arc;
 use std::time::Instant;
 
 /// What a lookup for a read found.

@@ -18,13 +18,13 @@ use crate::io::{Free, Priority};
 use crate::metrics::Metrics;
 use crate::store::transfer::{open_received, send_failed, transfer_path, Encoded, Streamed};
 use crate::store::DiskLoc;
+use crate::sync::atomic::Ordering::Relaxed;
+use crate::sync::Arc;
 use crate::value::Spill;
 use std::borrow::Borrow;
 use std::future::Future;
 use std::hash::Hash;
 use std::io::{Read, Write};
-use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
 
 impl<K: Key, V: Spill> SpillBuffer<K, V> {
     /// `key`'s stored record as bytes, without decoding the value: to

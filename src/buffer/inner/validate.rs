@@ -6,8 +6,8 @@ use super::Inner;
 use crate::buffer::accounting::{Delta, Readings};
 use crate::buffer::entry::{ListKind, State};
 use crate::buffer::Key;
+use crate::sync::atomic::Ordering::Relaxed;
 use crate::value::Spill;
-use std::sync::atomic::Ordering::Relaxed;
 
 impl<K: Key, V: Spill> Inner<K, V> {
     /// Check every invariant that holds when no IO is in flight: waits for

@@ -6,9 +6,9 @@ use super::Shard;
 use crate::buffer::detached::Detached;
 use crate::buffer::entry::Unpinned;
 use crate::buffer::hit::{HitPins, PinAt, Released};
+use crate::sync::Arc;
 use std::borrow::Borrow;
 use std::hash::Hash;
-use std::sync::Arc;
 
 impl<K: Hash + Eq + Clone, V> Shard<K, V> {
     /// Pin `key`'s value under the read lock, if it is in memory and on its

@@ -8,8 +8,8 @@ use crate::buffer::entry::{Evicted, ListKind};
 use crate::buffer::hit::HitPins;
 use crate::buffer::spill_queue::SpillJob;
 use crate::store::DiskLoc;
+use crate::sync::Arc;
 use std::hash::Hash;
-use std::sync::Arc;
 
 impl<K: Hash + Eq + Clone, V> Shard<K, V> {
     /// Evict the tail of `kind` if its tick is `expect_tick` (when given):

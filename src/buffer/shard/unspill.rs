@@ -6,9 +6,9 @@ use crate::buffer::accounting::Delta;
 use crate::buffer::entry::{ListKind, State};
 use crate::buffer::pinned::Waiter;
 use crate::store::DiskLoc;
+use crate::sync::Arc;
 use std::borrow::Borrow;
 use std::hash::Hash;
-use std::sync::Arc;
 
 impl<K: Hash + Eq + Clone, V> Shard<K, V> {
     /// Find `key` for a read. A value in memory is pinned; with a waiter,
