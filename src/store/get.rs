@@ -27,8 +27,10 @@ thread_local! {
 }
 
 /// Piece size of an in-place read: each piece is checksummed right after it
-/// lands, while it is still in the core's cache.
-const READ_PIECE: usize = 256 << 10;
+/// lands, while it is still in the last-level cache. Each piece is one
+/// `pread()`, whose fixed cost shows next to a copy at memory speed, so
+/// the pieces are as large as a cache holds (docs/read-path.md).
+const READ_PIECE: usize = 4 << 20;
 
 /// The encoded value in the whole record `bytes`: checked, and decompressed
 /// into `out` when it is lz4. Never panics, whatever the bytes (the

@@ -1,7 +1,8 @@
-//! The read of a small record: one `preadv()` into a stack header and
-//! the value's own memory, for types with an in-place decode; scratch
-//! for the others. Every way the record can be wrong is `Corrupt`
-//! naming the key and the file, on both.
+//! Reading records back. A small one: one `preadv()` into a stack header
+//! and the value's own memory, for types with an in-place decode; scratch
+//! for the others. A large one: pieces, each checked as it lands. Every
+//! way a record can be wrong is `Corrupt` naming the key and the file, on
+//! every path.
 
 use super::super::DiskLoc;
 use super::*;
@@ -212,4 +213,29 @@ fn a_released_segment_is_an_io_error_naming_its_file() {
         Err(e @ Error::Io { .. }) => assert!(e.to_string().contains("seg-"), "{e}"),
         other => panic!("expected Io, got {other:?}"),
     }
+}
+
+/// A large record is read in several pieces, each checked as it lands:
+/// it reads back whole, and damage or a cut in its last piece, read after
+/// the first has passed, is still `Corrupt`.
+#[test]
+fn a_record_of_several_pieces_reads_back_and_fails_in_its_last_piece() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = store(tmp.path(), Compression::None);
+    let v = noise(7, READ_PIECE + 100_000);
+    let loc = s.put(&1, &v).unwrap();
+    assert_eq!(s.get::<Vec<u8>>(&1, loc).unwrap(), v);
+    let path = s.segment_path(loc.seg);
+    let last = loc.offset + loc.len() - 10;
+    let mut b = [0u8; 1];
+    std::fs::File::open(&path)
+        .unwrap()
+        .read_exact_at(&mut b, last)
+        .unwrap();
+    patch(&path, last, &[b[0] ^ 0x01]);
+    assert_corrupt(s.get::<Vec<u8>>(&1, loc), 1, &path, "payload checksum");
+    patch(&path, last, &b);
+    assert_eq!(s.get::<Vec<u8>>(&1, loc).unwrap(), v);
+    set_len(&path, last);
+    assert_corrupt(s.get::<Vec<u8>>(&1, loc), 1, &path, "truncated");
 }
