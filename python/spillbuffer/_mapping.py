@@ -26,6 +26,8 @@ except ImportError:  # pragma: no cover - without distributed there is no meter
 _meter_callbacks = getattr(context_meter, "_callbacks", None)
 if _meter_callbacks is not None and not hasattr(_meter_callbacks, "get"):  # pragma: no cover - another distributed
     _meter_callbacks = None
+# Its bound ``get``, looked up once: ``__getitem__`` calls it on every hit.
+_meter_callbacks_now = _meter_callbacks.get if _meter_callbacks is not None else None
 
 #: ``core[key]``'s answer when the key is not a memory hit of an object.
 _MISS = object()
@@ -101,9 +103,9 @@ def _check_int(name: str, value: Any, minimum: int = 0) -> int:
 class _Tier(Mapping):
     """A read-only view of one tier: ``fast`` (values in memory) or ``slow``
     (values only on disk). Its length comes from the buffer's gauges;
-    membership and iteration from what the mapping knows of each key
-    (a value read back by a prefetch counts as on disk until accessed).
-    A value being written counts as in memory until its write is done."""
+    membership and iteration from the buffer's index. A value being
+    written counts as in memory until its write is done; a value being
+    read back, as on disk until its read is done."""
 
     def __init__(self, owner: SpillBuffer, resident: bool):
         self._owner = owner
@@ -272,7 +274,7 @@ class SpillBuffer(MutableMapping):
     def __getitem__(self, key: object) -> object:
         """The value; one on disk is read back with the GIL released (and
         this thread waiting), joining a prefetch already in flight."""
-        if not self._serving_peers and not (_meter_callbacks is not None and _meter_callbacks.get()):
+        if not self._serving_peers and (_meter_callbacks_now is None or not _meter_callbacks_now()):
             # A memory hit, with no meter to tell (hits are counted natively).
             value = self._core[key]
             if value is not _MISS:
@@ -396,7 +398,7 @@ class SpillBuffer(MutableMapping):
         """Weight of the values not in memory, and bytes of live records on
         disk (including the disk copies of values also in memory)."""
         s = self._core.stats()
-        return SpilledSize(max(s["weight_total"] - s["memory_bytes"], 0), s["disk_bytes"])
+        return SpilledSize(s["spilled_weight_bytes"], s["disk_bytes"])
 
     @property
     def cumulative_metrics(self) -> dict[tuple[str, str], float]:
@@ -417,9 +419,9 @@ class SpillBuffer(MutableMapping):
     def prefetch(self, keys) -> None:
         """Read these keys back ahead of use, in order, on the IO pool, as
         far as they fit within the target next to what is resident."""
-        # Keys known to be in memory are left out here, with the GIL held
-        # (the binding's own map): on a workload of many small values most
-        # are, and every call into the buffer releases the GIL, which the
+        # Keys in memory are left out here, asking the buffer's index with
+        # the GIL held: on a workload of many small values most are, and
+        # every other call into the buffer releases the GIL, which the
         # event loop may then wait milliseconds to get back.
         keys = [k for k in keys if not self._resident(k) and k in self]
         if keys:
@@ -434,7 +436,7 @@ class SpillBuffer(MutableMapping):
         return self._core.hold(keys)
 
     def _resident(self, key: object) -> bool:
-        """Known to be in memory (without asking the buffer, see ``fast``)."""
+        """In memory, by the buffer's index (the GIL held; not a use)."""
         try:
             return self._core.resident(key)
         except TypeError:
