@@ -7,6 +7,7 @@ import atexit
 import logging
 import os
 import sys
+import threading
 import weakref
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextvars import ContextVar
@@ -140,6 +141,34 @@ class _Tier(Mapping):
         return f"<{'fast' if self._resident else 'slow'} tier of {self._owner!r}: {len(self)} values>"
 
 
+class _Staged:
+    """What ``stage_for_peer`` holds until its keys are sent: the values
+    pinned in memory, and the bytes of the records it read from disk,
+    which count against the buffer's target until ``release()``."""
+
+    def __init__(self, owner: SpillBuffer, held, outside: int):
+        self._owner = owner
+        self._held = held
+        self._outside = outside
+
+    def release(self) -> None:
+        """Unpin the values and give the staged bytes back to the target
+        (idempotent; also done when this is collected)."""
+        self._held.release()
+        outside, self._outside = self._outside, 0
+        if outside and not self._owner._core.closed():
+            self._owner._staging(-outside)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception:  # pragma: no cover - at interpreter exit
+            pass
+
+
 class SpillBuffer(MutableMapping):
     #: How long ``evict()`` waits (GIL released) for the write queued by
     #: the previous call to land before declining.
@@ -241,6 +270,11 @@ class SpillBuffer(MutableMapping):
         self._io_threads = io_threads
         self._write_headroom = bool(write_headroom)
         self._heaviest = 0
+        #: Bytes of records read from disk for peers and not sent yet
+        #: (``stage_for_peer``): memory the buffer's gauges do not see,
+        #: taken off the target it evicts to meanwhile.
+        self._staged_bytes = 0
+        self._staged_lock = threading.Lock()
         self._seen = dict.fromkeys(_COUNTERS, 0.0)
         self._memory_reads = 0
         #: Reads of __getitem__ that waited for the disk (not prefetched in time).
@@ -264,7 +298,7 @@ class SpillBuffer(MutableMapping):
         weight = int(self._weight(value))
         if self._write_headroom and weight > self._heaviest:
             self._heaviest = weight
-            self._core.set_target(max(self.target - self._io_threads * weight, self.target // 4))
+            self._apply_target()
         flags = self._core.set(key, value, weight)
         if flags & 2:
             self._digest_io()
@@ -450,17 +484,41 @@ class SpillBuffer(MutableMapping):
         as they are); values on disk are read on the IO pool as stored and
         returned, in the dict, as distributed's ``Serialized`` (the header
         and frames its serializer made); so are values read back but never
-        deserialized, from memory. Absent keys are left out. A record that
-        fails to read raises ``RuntimeError`` naming its key."""
+        deserialized, from memory. The records read from disk take memory
+        the buffer's gauges do not see: until ``release()``, the target the
+        buffer evicts to is lowered by their bytes (down to a quarter of
+        ``target``). Absent keys are left out. A record that fails to read
+        raises ``RuntimeError`` naming its key."""
         keys = [k for k in keys if k in self]
         held, found = self._core.for_peer(keys)
         staged = {}
+        outside = 0
         for key, got in zip(keys, found):
             if got is not None:
                 serialized = as_serialized(got[0])
                 if serialized is not None:
                     staged[key] = serialized
-        return held, staged
+                    outside += got[3]
+        if outside:
+            self._staging(outside)
+        return _Staged(self, held, outside), staged
+
+    def _staging(self, delta: int) -> None:
+        """Records of ``delta`` bytes were staged for a peer (or, negative,
+        sent): the target the buffer evicts to is lowered by what is staged,
+        so that the process holds no more than it would without them."""
+        with self._staged_lock:
+            self._staged_bytes += delta
+        self._apply_target()
+
+    def _apply_target(self) -> None:
+        """Set the target the buffer evicts to: ``target`` less the write
+        headroom and the bytes staged for peers, down to a quarter of it.
+        Under a lock, from the figures as they are then, so that of two
+        threads changing them the last to apply sets the target."""
+        with self._staged_lock:
+            headroom = self._io_threads * self._heaviest if self._write_headroom else 0
+            self._core.set_target(max(self.target - headroom - self._staged_bytes, self.target // 4))
 
     def in_memory(self, key: object) -> bool:
         """Is ``key``'s value in memory now (reading it would not wait for

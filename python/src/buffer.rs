@@ -560,10 +560,13 @@ impl Core {
     /// - a value read back but never deserialized is given as its frames
     ///   too, from memory.
     ///
-    /// Per key: `None` (an object, or absent), or `(frames, bytes, disk)`:
-    /// the frames, the bytes of the record as stored (or of the encoding
-    /// in memory), and whether it was read from disk. A record that fails
-    /// to read or check raises `RuntimeError`, naming the key.
+    /// Per key: `None` (an object, or absent), or `(frames, bytes, disk,
+    /// outside)`: the frames, the bytes of the record as stored (or of the
+    /// encoding in memory), whether it was read from disk, and the bytes
+    /// of memory the frames hold that no gauge of the buffer counts (those
+    /// of a record read from disk, decompressed; 0 for one in memory). A
+    /// record that fails to read or check raises `RuntimeError`, naming
+    /// the key.
     fn for_peer(
         &self,
         py: Python<'_>,
@@ -613,13 +616,14 @@ impl Core {
                 }
             };
             let frames = stored::frames_of(py, k, &rec)?;
+            let outside = if disk { rec.len() } else { 0 };
             if disk {
                 self.peer_disk_count.fetch_add(1, Relaxed);
                 self.peer_disk_bytes.fetch_add(bytes as u64, Relaxed);
             } else {
                 self.peer_memory_count.fetch_add(1, Relaxed);
             }
-            out.push(Some((frames, bytes, disk)));
+            out.push(Some((frames, bytes, disk, outside)));
         }
         Ok((held, out))
     }
@@ -753,7 +757,7 @@ impl Core {
 }
 
 /// What [`Core::for_peer`] gives per key.
-type PeerFrames = Vec<Option<(Vec<PyObject>, usize, bool)>>;
+type PeerFrames = Vec<Option<(Vec<PyObject>, usize, bool, usize)>>;
 
 /// How a key is found for a peer ([`peer_reads`]).
 enum PeerRead {
