@@ -47,11 +47,12 @@ impl PyKey {
             return Ok(PyKey::Str(s.to_cow()?.into_owned()));
         }
         if let Ok(t) = obj.downcast::<PyTuple>() {
-            return t
-                .iter()
-                .map(|item| PyKey::from_py(&item))
-                .collect::<PyResult<Vec<_>>>()
-                .map(PyKey::Tuple);
+            // Items borrowed from the tuple: no reference count to change.
+            let mut items = Vec::with_capacity(t.len());
+            for item in t.iter_borrowed() {
+                items.push(PyKey::from_py(&item)?);
+            }
+            return Ok(PyKey::Tuple(items));
         }
         if let Ok(b) = obj.downcast::<PyBool>() {
             return Ok(PyKey::Bool(b.is_true()));
