@@ -63,7 +63,7 @@ mod store;
 mod sync;
 mod value;
 
-pub use buffer::{Key, Pinned, SpillBuffer};
+pub use buffer::{Key, KeyInfo, Pinned, SpillBuffer};
 pub use config::Builder;
 pub use error::{BoxError, Error, InsertError, Result, SharedError, SpillFailure};
 pub use frame::Record;

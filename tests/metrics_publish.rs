@@ -184,6 +184,11 @@ fn expected(st: &Stats) -> Vec<(&'static str, Option<&'static str>, f64)> {
             None,
             st.set_aside_bytes as f64,
         ),
+        (
+            "spillbuffer_spilled_weight_bytes",
+            None,
+            st.spilled_weight_bytes as f64,
+        ),
         ("spillbuffer_disk_bytes", None, st.disk_bytes as f64),
         ("spillbuffer_disk_records", None, st.disk_count as f64),
         ("spillbuffer_file_bytes", None, st.file_bytes as f64),

@@ -140,14 +140,17 @@ def peers_table(runs: list[dict]) -> list[str]:
 
 
 def micro_table(rows: list[dict]) -> list[str]:
-    lines = ["| op | mapping | µs per call, median (range) | / stock SpillBuffer |", "|---|---|---|---|"]
+    lines = ["| op | mapping | µs per call, median (range) | / stock SpillBuffer | CPU µs per call, median |",
+             "|---|---|---|---|---|"]
     for op in dict.fromkeys(r["op"] for r in rows):
         mine = [r for r in rows if r["op"] == op]
         stock = next((r["us_median"] for r in mine if r["mapping"] == "stock SpillBuffer"), None)
         for r in mine:
             ratio = _fmt(r["us_median"] / stock, 3) if stock else "–"
+            cpu = r.get("cpu_us_median")  # (absent from older files)
             lines.append(f"| {'`b[k]`' if op == 'get' else '`b[k] = v`'} | {r['mapping']} | "
-                         f"{r['us_median']:.3f} ({r['us_min']:.3f}–{r['us_max']:.3f}) | {ratio} |")
+                         f"{r['us_median']:.3f} ({r['us_min']:.3f}–{r['us_max']:.3f}) | {ratio} | "
+                         f"{'–' if cpu is None else f'{cpu:.3f}'} |")
     return lines
 
 

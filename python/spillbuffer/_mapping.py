@@ -7,6 +7,7 @@ import atexit
 import logging
 import os
 import sys
+import threading
 import weakref
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextvars import ContextVar
@@ -26,6 +27,8 @@ except ImportError:  # pragma: no cover - without distributed there is no meter
 _meter_callbacks = getattr(context_meter, "_callbacks", None)
 if _meter_callbacks is not None and not hasattr(_meter_callbacks, "get"):  # pragma: no cover - another distributed
     _meter_callbacks = None
+# Its bound ``get``, looked up once: ``__getitem__`` calls it on every hit.
+_meter_callbacks_now = _meter_callbacks.get if _meter_callbacks is not None else None
 
 #: ``core[key]``'s answer when the key is not a memory hit of an object.
 _MISS = object()
@@ -101,9 +104,9 @@ def _check_int(name: str, value: Any, minimum: int = 0) -> int:
 class _Tier(Mapping):
     """A read-only view of one tier: ``fast`` (values in memory) or ``slow``
     (values only on disk). Its length comes from the buffer's gauges;
-    membership and iteration from what the mapping knows of each key
-    (a value read back by a prefetch counts as on disk until accessed).
-    A value being written counts as in memory until its write is done."""
+    membership and iteration from the buffer's index. A value being
+    written counts as in memory until its write is done; a value being
+    read back, as on disk until its read is done."""
 
     def __init__(self, owner: SpillBuffer, resident: bool):
         self._owner = owner
@@ -136,6 +139,34 @@ class _Tier(Mapping):
 
     def __repr__(self) -> str:
         return f"<{'fast' if self._resident else 'slow'} tier of {self._owner!r}: {len(self)} values>"
+
+
+class _Staged:
+    """What ``stage_for_peer`` holds until its keys are sent: the values
+    pinned in memory, and the bytes of the records it read from disk,
+    which count against the buffer's target until ``release()``."""
+
+    def __init__(self, owner: SpillBuffer, held, outside: int):
+        self._owner = owner
+        self._held = held
+        self._outside = outside
+
+    def release(self) -> None:
+        """Unpin the values and give the staged bytes back to the target
+        (idempotent; also done when this is collected)."""
+        self._held.release()
+        outside, self._outside = self._outside, 0
+        if outside and not self._owner._core.closed():
+            self._owner._staging(-outside)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception:  # pragma: no cover - at interpreter exit
+            pass
 
 
 class SpillBuffer(MutableMapping):
@@ -239,6 +270,11 @@ class SpillBuffer(MutableMapping):
         self._io_threads = io_threads
         self._write_headroom = bool(write_headroom)
         self._heaviest = 0
+        #: Bytes of records read from disk for peers and not sent yet
+        #: (``stage_for_peer``): memory the buffer's gauges do not see,
+        #: taken off the target it evicts to meanwhile.
+        self._staged_bytes = 0
+        self._staged_lock = threading.Lock()
         self._seen = dict.fromkeys(_COUNTERS, 0.0)
         self._memory_reads = 0
         #: Reads of __getitem__ that waited for the disk (not prefetched in time).
@@ -262,7 +298,7 @@ class SpillBuffer(MutableMapping):
         weight = int(self._weight(value))
         if self._write_headroom and weight > self._heaviest:
             self._heaviest = weight
-            self._core.set_target(max(self.target - self._io_threads * weight, self.target // 4))
+            self._apply_target()
         flags = self._core.set(key, value, weight)
         if flags & 2:
             self._digest_io()
@@ -272,7 +308,7 @@ class SpillBuffer(MutableMapping):
     def __getitem__(self, key: object) -> object:
         """The value; one on disk is read back with the GIL released (and
         this thread waiting), joining a prefetch already in flight."""
-        if not self._serving_peers and not (_meter_callbacks is not None and _meter_callbacks.get()):
+        if not self._serving_peers and (_meter_callbacks_now is None or not _meter_callbacks_now()):
             # A memory hit, with no meter to tell (hits are counted natively).
             value = self._core[key]
             if value is not _MISS:
@@ -396,7 +432,7 @@ class SpillBuffer(MutableMapping):
         """Weight of the values not in memory, and bytes of live records on
         disk (including the disk copies of values also in memory)."""
         s = self._core.stats()
-        return SpilledSize(max(s["weight_total"] - s["memory_bytes"], 0), s["disk_bytes"])
+        return SpilledSize(s["spilled_weight_bytes"], s["disk_bytes"])
 
     @property
     def cumulative_metrics(self) -> dict[tuple[str, str], float]:
@@ -417,9 +453,9 @@ class SpillBuffer(MutableMapping):
     def prefetch(self, keys) -> None:
         """Read these keys back ahead of use, in order, on the IO pool, as
         far as they fit within the target next to what is resident."""
-        # Keys known to be in memory are left out here, with the GIL held
-        # (the binding's own map): on a workload of many small values most
-        # are, and every call into the buffer releases the GIL, which the
+        # Keys in memory are left out here, asking the buffer's index with
+        # the GIL held: on a workload of many small values most are, and
+        # every other call into the buffer releases the GIL, which the
         # event loop may then wait milliseconds to get back.
         keys = [k for k in keys if not self._resident(k) and k in self]
         if keys:
@@ -434,7 +470,7 @@ class SpillBuffer(MutableMapping):
         return self._core.hold(keys)
 
     def _resident(self, key: object) -> bool:
-        """Known to be in memory (without asking the buffer, see ``fast``)."""
+        """In memory, by the buffer's index (the GIL held; not a use)."""
         try:
             return self._core.resident(key)
         except TypeError:
@@ -448,17 +484,41 @@ class SpillBuffer(MutableMapping):
         as they are); values on disk are read on the IO pool as stored and
         returned, in the dict, as distributed's ``Serialized`` (the header
         and frames its serializer made); so are values read back but never
-        deserialized, from memory. Absent keys are left out. A record that
-        fails to read raises ``RuntimeError`` naming its key."""
+        deserialized, from memory. The records read from disk take memory
+        the buffer's gauges do not see: until ``release()``, the target the
+        buffer evicts to is lowered by their bytes (down to a quarter of
+        ``target``). Absent keys are left out. A record that fails to read
+        raises ``RuntimeError`` naming its key."""
         keys = [k for k in keys if k in self]
         held, found = self._core.for_peer(keys)
         staged = {}
+        outside = 0
         for key, got in zip(keys, found):
             if got is not None:
                 serialized = as_serialized(got[0])
                 if serialized is not None:
                     staged[key] = serialized
-        return held, staged
+                    outside += got[3]
+        if outside:
+            self._staging(outside)
+        return _Staged(self, held, outside), staged
+
+    def _staging(self, delta: int) -> None:
+        """Records of ``delta`` bytes were staged for a peer (or, negative,
+        sent): the target the buffer evicts to is lowered by what is staged,
+        so that the process holds no more than it would without them."""
+        with self._staged_lock:
+            self._staged_bytes += delta
+        self._apply_target()
+
+    def _apply_target(self) -> None:
+        """Set the target the buffer evicts to: ``target`` less the write
+        headroom and the bytes staged for peers, down to a quarter of it.
+        Under a lock, from the figures as they are then, so that of two
+        threads changing them the last to apply sets the target."""
+        with self._staged_lock:
+            headroom = self._io_threads * self._heaviest if self._write_headroom else 0
+            self._core.set_target(max(self.target - headroom - self._staged_bytes, self.target // 4))
 
     def in_memory(self, key: object) -> bool:
         """Is ``key``'s value in memory now (reading it would not wait for

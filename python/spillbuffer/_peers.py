@@ -52,10 +52,10 @@ class PeerServer:
         staged: dict = {}
         held = None
         core = buf._core
-        # Keys the mapping knows to be in memory are sent as they are, with
-        # no thread hop; a reply the worker would refuse (too many
-        # transfers) needs no reads.
-        if not self._busy(comm) and any(k in buf and not _resident(core, k) for k in keys):
+        # Keys in memory as objects are sent as they are, with no thread
+        # hop; a reply the worker would refuse (too many transfers) needs
+        # no reads.
+        if not self._busy(comm) and any(not _object_in_memory(core, k) and k in buf for k in keys):
             loop = asyncio.get_running_loop()
             held, staged = await loop.run_in_executor(self._pool, buf.stage_for_peer, list(keys))
         token = for_peer.set(staged)
@@ -86,8 +86,10 @@ class PeerServer:
             return False
 
 
-def _resident(core, key) -> bool:
+def _object_in_memory(core, key) -> bool:
+    """Is ``key``'s value in memory as an object (not one read back and
+    never deserialized, which is staged too: sent as its frames)?"""
     try:
-        return core.resident(key)
+        return core.object_in_memory(key)
     except TypeError:
         return False

@@ -11,51 +11,56 @@
 //! that waited for such a lock while holding the GIL would wait for ever:
 //! the holder waits for the GIL. So, by construction:
 //!
-//! 1. **No call into the crate with the GIL held.** Every method of the
-//!    Rust buffer, and every drop of a [`Pinned`] or of a buffer handle
-//!    (which may unpin, evict, or join the IO threads), runs inside
-//!    [`Core::with_buffer`] or [`release`], that is under
-//!    `Python::allow_threads`. A thread waiting for a lock of the crate
-//!    therefore never holds the GIL, whatever the crate does under that
-//!    lock.
-//! 2. **The binding's own locks are leaves.** `buf`, `known`,
-//!    `manual_pending`, `io_seen`, `Held::pins` and [`Hooks::errors`] are
-//!    held only for a map or vector operation: never across a call into the crate,
-//!    a wait for the GIL, Python code, or the drop of a value. Taking one
-//!    with or without the GIL cannot close a cycle.
+//! 1. **No call into the crate with the GIL held where a holder may wait
+//!    for the GIL.** Every method of the Rust buffer, and every drop of a
+//!    [`Pinned`] or of a buffer handle (which may unpin, evict, or join
+//!    the IO threads), runs inside [`Core::with_buffer`] or [`release`],
+//!    that is under `Python::allow_threads`, with one kind of exception:
+//!    the index queries `key_info`, `stored_key` and `with_resident`,
+//!    which take one shard lock of the crate in read mode and nothing
+//!    else. The crate holds a shard lock only for index work: it encodes,
+//!    drops and writes values (what takes the GIL) after releasing it,
+//!    and waits for no other lock under it but a leaf of its own. Those
+//!    queries are what the hit path (`core[key]`) and the residency
+//!    checks make, so they run with the GIL held, without giving it up
+//!    and waiting to get it back. Nothing they run under the shard lock
+//!    runs Python code: `with_resident`'s closure takes a new reference
+//!    to an object, or reads a flag.
+//! 2. **The binding's own locks are leaves.** `buf` (in read mode but for
+//!    `close`), `manual_pending`, `io_seen`, `Held::pins` and
+//!    [`Hooks::errors`] are held only for a map or vector operation, or
+//!    for one of the index queries of rule 1: never across another call
+//!    into the crate, a wait for the GIL, Python code, or the drop of a
+//!    value. Taking one with or without the GIL cannot close a cycle.
 //!
 //! Together: a thread holding the GIL waits for no lock whose holder can
 //! wait for the GIL. (Waiting for the GIL while holding a crate lock, as
 //! IO threads do, is then harmless.) `tests/test_deadlock.py` runs mixed
 //! operations from several threads under a watchdog.
+//!
+//! # One index
+//!
+//! The binding keeps no map of its own: what it asks of a key (its
+//! weight, whether its value is in memory, the form first inserted) the
+//! crate's index answers, and the total weight of the values not in
+//! memory is the crate's `spilled_weight_bytes` gauge.
 
 use crate::key::PyKey;
 use crate::record::RecordBytes;
 use crate::stored;
 use crate::value::{Hooks, PyValue};
 use crate::wait::block_on;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use pyo3::exceptions::{PyKeyError, PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use spillbuffer::{Compression, Error, Pinned, Spill, SpillBuffer, Stats};
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 type Buffer = SpillBuffer<PyKey, PyValue>;
-
-/// What the mapping knows of a key without asking the buffer.
-struct Known {
-    /// Its weight when inserted.
-    weight: usize,
-    /// Alive while the buffer holds the value in memory (see
-    /// [`PyValue::token`]); a value read back by a prefetch is not known
-    /// here until it is accessed.
-    resident: Weak<()>,
-}
 
 /// The native half of `spillbuffer.SpillBuffer`.
 ///
@@ -64,15 +69,12 @@ struct Known {
 /// the GIL or Python code.
 #[pyclass(module = "spillbuffer._native", frozen)]
 pub struct Core {
-    /// `None` once closed. (Leaf: a handle is cloned or taken out.)
-    buf: Mutex<Option<Buffer>>,
+    /// `None` once closed. (Leaf: read to clone a handle or for an index
+    /// query, written to take it out.)
+    buf: RwLock<Option<Buffer>>,
     hooks: Arc<Hooks>,
     /// What `core[key]` gives for anything but a memory hit.
     miss: PyObject,
-    /// (Leaf.)
-    known: Mutex<HashMap<PyKey, Known>>,
-    /// Total weight of the known keys.
-    weight_total: AtomicU64,
     deserialize_nanos: AtomicU64,
     /// Memory hits served by `core[key]`, and their weight.
     hit_count: AtomicU64,
@@ -121,7 +123,7 @@ fn to_py_err(e: Error) -> PyErr {
 impl Core {
     fn buffer(&self) -> PyResult<Buffer> {
         self.buf
-            .lock()
+            .read()
             .clone()
             .ok_or_else(|| PyRuntimeError::new_err("this SpillBuffer is closed"))
     }
@@ -137,26 +139,13 @@ impl Core {
         Ok(py.allow_threads(move || f(&buf)))
     }
 
-    /// A value read back (by this call or a prefetch) is resident now. (An
-    /// inserted one is known to be from its insert on.)
-    fn mark_resident(&self, key: &PyKey, value: &PyValue) {
-        if value.record().is_none() {
-            return;
+    /// An index query (rule 1 of the module docs: one shard lock in read
+    /// mode), made with the GIL held, on the open buffer.
+    fn query<T>(&self, f: impl FnOnce(&Buffer) -> T) -> PyResult<T> {
+        match &*self.buf.read() {
+            Some(buf) => Ok(f(buf)),
+            None => Err(PyRuntimeError::new_err("this SpillBuffer is closed")),
         }
-        if let Some(known) = self.known.lock().get_mut(key) {
-            if known.resident.strong_count() == 0 {
-                known.resident = Arc::downgrade(&value.token);
-            }
-        }
-    }
-
-    fn remember(&self, key: PyKey, weight: usize, token: &Arc<()>) {
-        let resident = Arc::downgrade(token);
-        let old = self.known.lock().insert(key, Known { weight, resident });
-        if let Some(old) = old {
-            self.weight_total.fetch_sub(old.weight as u64, Relaxed);
-        }
-        self.weight_total.fetch_add(weight as u64, Relaxed);
     }
 
     /// The Python object of a pinned value: the inserted object, or the one
@@ -300,7 +289,7 @@ impl Core {
         }
         let buf = py.allow_threads(|| b.build()).map_err(to_py_err)?;
         Ok(Core {
-            buf: Mutex::new(Some(buf)),
+            buf: RwLock::new(Some(buf)),
             hooks: Arc::new(Hooks {
                 dumps,
                 serialize_nanos: AtomicU64::new(0),
@@ -310,8 +299,6 @@ impl Core {
                 has_errors: AtomicBool::new(false),
             }),
             miss,
-            known: Mutex::new(HashMap::new()),
-            weight_total: AtomicU64::new(0),
             deserialize_nanos: AtomicU64::new(0),
             hit_count: AtomicU64::new(0),
             hit_bytes: AtomicU64::new(0),
@@ -342,18 +329,15 @@ impl Core {
         value: PyObject,
         weight: usize,
     ) -> PyResult<u8> {
-        let mut k = PyKey::from_py(key)?;
-        // As a dict does, replacing a value keeps the key first inserted
-        // (`1` stays `1` when `1.0` is assigned to).
-        if let Some((first, _)) = self.known.lock().get_key_value(&k) {
-            k = first.clone();
-        }
-        let v = PyValue::new(k.clone(), value, weight, Arc::clone(&self.hooks));
-        // Remembered before the insert: the buffer may spill it at once.
-        self.remember(k.clone(), weight, &v.token);
+        let k = PyKey::from_py(key)?;
+        let hooks = Arc::clone(&self.hooks);
         // (A replaced value may be dropped in the call, taking the GIL.)
         let moved = self
             .with_buffer(py, move |buf| {
+                // As a dict does, replacing a value keeps the key first
+                // inserted (`1` stays `1` when `1.0` is assigned to).
+                let k = buf.stored_key(&k).unwrap_or(k);
+                let v = PyValue::new(k.clone(), value, weight, hooks);
                 match block_on(buf.insert_async(k, v)) {
                     Ok(()) => Ok(()),
                     Err(refused) => {
@@ -402,7 +386,6 @@ impl Core {
                 return Err(to_py_err(e));
             }
         };
-        self.mark_resident(&k, &pinned);
         let obj = self.object_of(py, &k, &pinned, loads);
         let weight = pinned.weight();
         release(py, (pinned, buf));
@@ -423,13 +406,11 @@ impl Core {
         let Ok(k) = PyKey::from_py(key) else {
             return Ok(miss());
         };
-        let buf = self.buffer()?;
-        let pinned = py.allow_threads(|| buf.try_pin(&k));
-        let found = pinned
-            .as_ref()
-            .and_then(|p| p.object(py).map(|o| (o, p.weight())));
-        release(py, (pinned, buf));
-        Ok(match found {
+        // With the GIL held (rule 1 of the module docs): a new reference
+        // to the object, taken under the shard's read lock; no pin.
+        let found =
+            self.query(|buf| buf.with_resident(&k, |v| v.object(py).map(|o| (o, v.weight()))))?;
+        Ok(match found.flatten() {
             Some((obj, weight)) => {
                 self.hit_count.fetch_add(1, Relaxed);
                 self.hit_bytes.fetch_add(weight as u64, Relaxed);
@@ -453,9 +434,6 @@ impl Core {
     fn delete(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<()> {
         let k = PyKey::from_py(key)?;
         let buf = self.buffer()?;
-        if let Some(old) = self.known.lock().remove(&k) {
-            self.weight_total.fetch_sub(old.weight as u64, Relaxed);
-        }
         // (The value may be dropped in the call, taking the GIL.)
         let removed = py.allow_threads(|| {
             let removed = buf.remove(&k);
@@ -479,25 +457,31 @@ impl Core {
         self.with_buffer(py, |buf| buf.len())
     }
 
-    /// Is `key`'s value held in memory (as far as the mapping knows)?
+    /// Is `key`'s value in memory (resident, or being written)? From the
+    /// index, with the GIL held; not a use of the key.
     fn resident(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
         let k = PyKey::from_py(key)?;
-        Ok(self
-            .known
-            .lock()
-            .get(&k)
-            .is_some_and(|e| e.resident.strong_count() > 0))
+        self.query(|buf| buf.key_info(&k).is_some_and(|i| i.resident))
     }
 
-    /// Keys whose values are (`true`) or are not (`false`) in memory, as
-    /// far as the mapping knows.
+    /// Is `key`'s value in memory as a Python object (inserted, or read
+    /// back and deserialized since), so that a peer is sent it as it is?
+    /// With the GIL held; a use of the key, as the peer's read is.
+    fn object_in_memory(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let k = PyKey::from_py(key)?;
+        self.query(|buf| buf.with_resident(&k, |v| v.has_object()) == Some(true))
+    }
+
+    /// Keys whose values are (`true`) or are not (`false`) in memory.
     fn keys_where_resident(&self, py: Python<'_>, resident: bool) -> PyResult<Vec<PyObject>> {
-        let keys = self.with_buffer(py, |buf| buf.keys())?;
-        let known = self.known.lock();
-        keys.iter()
-            .filter(|k| known.get(k).is_some_and(|e| e.resident.strong_count() > 0) == resident)
-            .map(|k| k.to_py(py))
-            .collect()
+        let keys = self.with_buffer(py, |buf| {
+            if resident {
+                buf.resident_keys()
+            } else {
+                buf.spilled_keys()
+            }
+        })?;
+        keys.iter().map(|k| k.to_py(py)).collect()
     }
 
     /// The memory monitor's eviction: evict the least recently used value
@@ -551,19 +535,13 @@ impl Core {
             .iter()
             .map(PyKey::from_py)
             .collect::<PyResult<Vec<_>>>()?;
-        let pins: Vec<(PyKey, Pinned<PyValue>)> = self.with_buffer(py, |buf| {
+        let pins: Vec<Pinned<PyValue>> = self.with_buffer(py, |buf| {
             keys.into_iter()
-                .filter_map(|k| match buf.get(&k) {
-                    Ok(Some(p)) => Some((k, p)),
-                    _ => None,
-                })
+                .filter_map(|k| buf.get(&k).ok().flatten())
                 .collect()
         })?;
-        for (k, p) in &pins {
-            self.mark_resident(k, p);
-        }
         Ok(Held {
-            pins: Mutex::new(pins.into_iter().map(|(_, p)| p).collect()),
+            pins: Mutex::new(pins),
         })
     }
 
@@ -582,10 +560,13 @@ impl Core {
     /// - a value read back but never deserialized is given as its frames
     ///   too, from memory.
     ///
-    /// Per key: `None` (an object, or absent), or `(frames, bytes, disk)`:
-    /// the frames, the bytes of the record as stored (or of the encoding
-    /// in memory), and whether it was read from disk. A record that fails
-    /// to read or check raises `RuntimeError`, naming the key.
+    /// Per key: `None` (an object, or absent), or `(frames, bytes, disk,
+    /// outside)`: the frames, the bytes of the record as stored (or of the
+    /// encoding in memory), whether it was read from disk, and the bytes
+    /// of memory the frames hold that no gauge of the buffer counts (those
+    /// of a record read from disk, decompressed; 0 for one in memory). A
+    /// record that fails to read or check raises `RuntimeError`, naming
+    /// the key.
     fn for_peer(
         &self,
         py: Python<'_>,
@@ -635,13 +616,14 @@ impl Core {
                 }
             };
             let frames = stored::frames_of(py, k, &rec)?;
+            let outside = if disk { rec.len() } else { 0 };
             if disk {
                 self.peer_disk_count.fetch_add(1, Relaxed);
                 self.peer_disk_bytes.fetch_add(bytes as u64, Relaxed);
             } else {
                 self.peer_memory_count.fetch_add(1, Relaxed);
             }
-            out.push(Some((frames, bytes, disk)));
+            out.push(Some((frames, bytes, disk, outside)));
         }
         Ok((held, out))
     }
@@ -695,14 +677,19 @@ impl Core {
                 $(d.set_item(stringify!($field), $field)?;)*
             };
         }
+        let stats = self.with_buffer(py, |buf| buf.stats())?;
+        // The weight of every live key's value, wherever it is.
+        let weight_total =
+            (stats.memory_bytes + stats.spilled_weight_bytes).saturating_sub(stats.detached_bytes);
         put_all!(
-            self.with_buffer(py, |buf| buf.stats())?,
+            stats,
             memory_bytes,
             memory_count,
             spilling_bytes,
             detached_bytes,
             detached_count,
             set_aside_bytes,
+            spilled_weight_bytes,
             disk_bytes,
             disk_count,
             file_bytes,
@@ -726,7 +713,7 @@ impl Core {
             io_busy_seconds_total,
             locked_pins_total,
         );
-        d.set_item("weight_total", self.weight_total.load(Relaxed))?;
+        d.set_item("weight_total", weight_total)?;
         d.set_item(
             "serialize_seconds_total",
             self.hooks.serialize_nanos.load(Relaxed) as f64 * 1e-9,
@@ -760,18 +747,17 @@ impl Core {
     /// Stop the IO pool and delete the spill files (GIL released while the
     /// IO threads finish). Values still in memory are dropped. Idempotent.
     fn close(&self, py: Python<'_>) {
-        let buf = self.buf.lock().take();
-        self.known.lock().clear();
+        let buf = self.buf.write().take();
         release(py, buf);
     }
 
     fn closed(&self) -> bool {
-        self.buf.lock().is_none()
+        self.buf.read().is_none()
     }
 }
 
 /// What [`Core::for_peer`] gives per key.
-type PeerFrames = Vec<Option<(Vec<PyObject>, usize, bool)>>;
+type PeerFrames = Vec<Option<(Vec<PyObject>, usize, bool, usize)>>;
 
 /// How a key is found for a peer ([`peer_reads`]).
 enum PeerRead {

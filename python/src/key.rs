@@ -47,11 +47,12 @@ impl PyKey {
             return Ok(PyKey::Str(s.to_cow()?.into_owned()));
         }
         if let Ok(t) = obj.downcast::<PyTuple>() {
-            return t
-                .iter()
-                .map(|item| PyKey::from_py(&item))
-                .collect::<PyResult<Vec<_>>>()
-                .map(PyKey::Tuple);
+            // Items borrowed from the tuple: no reference count to change.
+            let mut items = Vec::with_capacity(t.len());
+            for item in t.iter_borrowed() {
+                items.push(PyKey::from_py(&item)?);
+            }
+            return Ok(PyKey::Tuple(items));
         }
         if let Ok(b) = obj.downcast::<PyBool>() {
             return Ok(PyKey::Bool(b.is_true()));
@@ -119,15 +120,18 @@ impl PyKey {
 
 impl PartialEq for PyKey {
     fn eq(&self, other: &Self) -> bool {
-        if let (Some(a), Some(b)) = (self.num(), other.num()) {
-            return a == b;
-        }
+        // The kinds Dask's keys are made of first: a lookup compares every
+        // item of a tuple key.
         match (self, other) {
-            (PyKey::None, PyKey::None) => true,
             (PyKey::Str(a), PyKey::Str(b)) => a == b,
-            (PyKey::Bytes(a), PyKey::Bytes(b)) => a == b,
+            (PyKey::Int(a), PyKey::Int(b)) => a == b,
             (PyKey::Tuple(a), PyKey::Tuple(b)) => a == b,
-            _ => false,
+            (PyKey::Bytes(a), PyKey::Bytes(b)) => a == b,
+            (PyKey::None, PyKey::None) => true,
+            _ => match (self.num(), other.num()) {
+                (Some(a), Some(b)) => a == b,
+                _ => false,
+            },
         }
     }
 }
@@ -136,11 +140,6 @@ impl Eq for PyKey {}
 
 impl Hash for PyKey {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        if let Some(n) = self.num() {
-            0u8.hash(state);
-            n.hash(state);
-            return;
-        }
         match self {
             PyKey::None => 1u8.hash(state),
             PyKey::Str(s) => {
@@ -155,7 +154,12 @@ impl Hash for PyKey {
                 4u8.hash(state);
                 items.hash(state);
             }
-            _ => unreachable!("numbers are hashed above"),
+            // Every number (the kinds left) as its `Num`: equal numbers
+            // hash alike.
+            _ => {
+                0u8.hash(state);
+                self.num().hash(state);
+            }
         }
     }
 }

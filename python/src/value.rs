@@ -87,9 +87,6 @@ pub struct PyValue {
     /// Set once serialization failed and was reported: later writes of
     /// this value fail at once (it stays in memory), logged once.
     reported: AtomicBool,
-    /// Alive as long as the buffer holds this value in memory; the mapping
-    /// keeps a weak handle to tell which keys are resident.
-    pub token: Arc<()>,
 }
 
 impl PyValue {
@@ -103,7 +100,6 @@ impl PyValue {
             key: Some(key),
             hooks: Some(hooks),
             reported: AtomicBool::new(false),
-            token: Arc::new(()),
         }
     }
 
@@ -265,7 +261,6 @@ impl PyValue {
             key: None,
             hooks: None,
             reported: AtomicBool::new(false),
-            token: Arc::new(()),
         }
     }
 }

@@ -236,6 +236,34 @@ def test_contains_delete_and_iteration_never_read_back(make):
     assert len(buf) == 10
 
 
+def test_tiers_and_spilled_weight_come_from_the_buffers_index(make):
+    buf = make(target=1 << 30)
+    values = {("k", i): np.full(1000 + 100 * i, i, dtype="f8") for i in range(6)}
+    for k, v in values.items():
+        buf[k] = v
+    spill_everything(buf)
+    weights = {k: buf._weight(v) for k, v in values.items()}
+    assert buf.spilled_total.memory == sum(weights.values())
+    assert buf.stats()["weight_total"] == sum(weights.values())
+    # A prefetch reads values back without anyone accessing them: the
+    # index has them in memory as soon as they land.
+    back = [("k", 1), ("k", 4)]
+    buf.prefetch(back)
+    buf.flush()
+    assert set(buf.fast) == set(back) and set(buf.slow) == set(values) - set(back)
+    assert all(k in buf.fast and k not in buf.slow for k in back)
+    assert buf.spilled_total.memory == sum(w for k, w in weights.items() if k not in back)
+    # Read back but never deserialized: a peer is sent its frames (not an
+    # object in memory) until it is accessed.
+    core = buf._core
+    assert not core.object_in_memory(("k", 1))
+    assert np.array_equal(buf[("k", 1)], values["k", 1])
+    assert core.object_in_memory(("k", 1)) and not core.object_in_memory(("k", 0))
+    del buf[("k", 0)]
+    assert buf.spilled_total.memory == sum(w for k, w in weights.items() if k not in back + [("k", 0)])
+    assert buf.stats()["weight_total"] == sum(weights.values()) - weights["k", 0]
+
+
 class Unpicklable:
     def __init__(self, n):
         self.payload = bytearray(n)

@@ -234,3 +234,30 @@ async def key_fails_to_read(tmp_path):
                 total = await c.submit(lambda v: int(v.sum()), good, workers=[b.address])
                 assert total == int(np.arange(200_000).sum())
                 assert a.data.stats()["peer_disk_count_total"] >= 1
+
+
+def test_records_staged_for_a_peer_count_against_the_target(tmp_path):
+    # 16 values of 800 kB on disk, then 8 in memory under a 10 MB target.
+    mb = 1_000_000
+    b = spillbuffer.SpillBuffer(tmp_path, target=10 * mb, compression=None)
+    rng = np.random.default_rng(3)
+    for i in range(16):
+        b[("disk", i)] = rng.random(100_000)
+    spill_all(b)
+    for i in range(8):
+        b[("mem", i)] = rng.random(100_000)
+    b.flush()
+    assert b.stats()["memory_bytes"] > 6 * mb
+    held, staged = b.stage_for_peer([("disk", i) for i in range(6)])
+    assert len(staged) == 6
+    b.flush()
+    # About 4.8 MB of records are held for the peer: the buffer made room.
+    assert b.stats()["memory_bytes"] <= 10 * mb - 6 * 800_000
+    held.release()
+    held.release()  # idempotent
+    for i in range(8, 12):
+        b[("mem", i)] = rng.random(100_000)
+    b.flush()
+    # Sent: the whole target is the buffer's again.
+    assert b.stats()["memory_bytes"] > 7 * mb
+    b.close()

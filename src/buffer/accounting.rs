@@ -134,6 +134,9 @@ gauges! {
     reserved,
     /// Live keys.
     len,
+    /// Weight of the live keys' values, wherever they are (in memory or
+    /// only on disk).
+    live_weight,
     /// Weight of detached values: no longer any entry's (removed,
     /// replaced, or on their way to be freed on the pool) but still held,
     /// by pins or by IO jobs.
@@ -166,6 +169,11 @@ gauges! {
     /// leaves this unchanged; read as two gauges, it could show in neither
     /// for a moment.
     io_held = |d: Delta| d.spilling + d.detached_io,
+    /// `live_weight - resident`: the weight of the live keys whose values
+    /// are not in memory (on disk, or being read back), in one gauge so
+    /// that a value leaving or entering memory never shows in both or in
+    /// neither.
+    spilled_weight = |d: Delta| d.live_weight - d.resident,
     }
 }
 

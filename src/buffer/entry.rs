@@ -157,7 +157,12 @@ impl<K, V> Node<K, V> {
             (State::Resident { value, disk: None }, Delta::enter(w))
         };
         let node = Node::with_state(key, state, weight, version);
-        (node, Delta { len: 1, ..delta })
+        let d = Delta {
+            len: 1,
+            live_weight: w,
+            ..delta
+        };
+        (node, d)
     }
 
     /// (absent) → on-disk: a record received from another buffer
@@ -186,6 +191,7 @@ impl<K, V> Node<K, V> {
             node,
             Delta {
                 len: 1,
+                live_weight: weight as isize,
                 ..Delta::ZERO
             },
         )
@@ -530,6 +536,7 @@ impl<K, V> Node<K, V> {
         let w = self.w();
         let mut d = Delta {
             len: -1,
+            live_weight: -w,
             set_aside: if self.set_aside() { -w } else { 0 },
             ..Delta::ZERO
         };

@@ -208,6 +208,14 @@ impl<V> HitPins<V> {
         Released::Done
     }
 
+    /// A use without a pin ([`crate::SpillBuffer::with_resident`]): its
+    /// tick goes to `last_use`, as a pin's release would. Under the
+    /// shard's read lock, which orders it before the next close.
+    #[inline]
+    pub(crate) fn touch(&self) {
+        self.last_use.store(self.ctx.ticks.next(0), Relaxed);
+    }
+
     /// The buffer, for a release that needs the shard; `None` once it is
     /// gone.
     pub(crate) fn owner(&self) -> Option<Arc<dyn PinOwner<V>>> {

@@ -15,8 +15,9 @@
 //!   operations by concern: `inner::evict` (the eviction loop),
 //!   `inner::write` (the write path), `inner::failure` (what a failed
 //!   spill does, and when `insert_async` refuses a value), `inner::read`
-//!   (the read path and prefetch), `inner::transfer` (records handed out
-//!   and taken in without decoding);
+//!   (the read path and prefetch), `inner::query` (what the index says
+//!   of a key without a read or a pin), `inner::transfer` (records handed
+//!   out and taken in without decoding);
 //! - [`pinned`]: the [`Pinned`] guard; [`hit`]: the pins a lookup takes
 //!   under a shard's read lock; [`clock`], [`hash`]: the LRU clock, key
 //!   hashing; [`handoff`]: the one-shot a blocking `get` waits on.
@@ -48,6 +49,7 @@ use crate::sync::Arc;
 use crate::sync::Mutex;
 use crate::value::Spill;
 use inner::failure::Admission;
+pub use inner::query::KeyInfo;
 use inner::read::Lookup;
 use inner::Inner;
 pub use pinned::Pinned;

@@ -117,6 +117,13 @@ pub(crate) const SERIES: &[Def] = &[
         Field::Int(|s| s.set_aside_bytes),
     ),
     def(
+        "spillbuffer_spilled_weight_bytes",
+        Kind::Gauge,
+        Unit::Bytes,
+        "Weight of the live keys whose values are not in memory (as inserted, not as stored).",
+        Field::Int(|s| s.spilled_weight_bytes),
+    ),
+    def(
         "spillbuffer_disk_bytes",
         Kind::Gauge,
         Unit::Bytes,
@@ -394,6 +401,7 @@ mod tests {
             records_received_total: 25,
             records_received_bytes_total: 26,
             locked_pins_total: 27,
+            spilled_weight_bytes: 28,
         };
         let mut seen: Vec<f64> = SERIES
             .iter()
@@ -403,7 +411,7 @@ mod tests {
             })
             .collect();
         seen.sort_by(f64::total_cmp);
-        let mut want: Vec<f64> = (1..=18).chain(22..=27).map(f64::from).collect();
+        let mut want: Vec<f64> = (1..=18).chain(22..=28).map(f64::from).collect();
         want.extend([19.5, 20.5, 21.5]);
         want.sort_by(f64::total_cmp);
         assert_eq!(seen, want);

@@ -28,6 +28,10 @@ pub struct Stats {
     /// memory and not tried again until replaced or
     /// [`crate::SpillBuffer::retry_spills`].
     pub set_aside_bytes: u64,
+    /// Weight of the live keys whose values are not in memory (only on
+    /// disk, or being read back): what they weighed when inserted
+    /// ([`crate::Spill::weight`]), not what their records take on disk.
+    pub spilled_weight_bytes: u64,
     /// Bytes of the live records on disk, as stored (after compression).
     pub disk_bytes: u64,
     /// Number of live records on disk.
@@ -125,6 +129,11 @@ impl std::fmt::Display for Stats {
                 Bytes(self.set_aside_bytes),
             )?;
         }
+        writeln!(
+            f,
+            "not in memory: values of {} of weight (on disk only)",
+            Bytes(self.spilled_weight_bytes),
+        )?;
         writeln!(
             f,
             "on disk: {} in {} records (after compression), files {}",
@@ -300,6 +309,7 @@ mod tests {
             detached_bytes: 1 << 20,
             detached_count: 1,
             set_aside_bytes: 3 << 10,
+            spilled_weight_bytes: 400 << 20,
             disk_bytes: 200 << 20,
             disk_count: 256,
             file_bytes: 256 << 20,
@@ -326,6 +336,7 @@ mod tests {
         let want = "\
 in memory: 64.0 MiB in 64 values (2.0 MiB being written, 1.0 MiB detached)
 set aside (encode failed, kept in memory): 3.0 KiB
+not in memory: values of 400.0 MiB of weight (on disk only)
 on disk: 200.0 MiB in 256 records (after compression), files 256.0 MiB
 spilled: 300.0 MiB in 1,300 records, 1.50 s of thread time
 read back: 3.0 GiB in 12,345 records, 250.0 ms of thread time

@@ -5,8 +5,8 @@
 //! held by components with interfaces of their own (accounting, eviction,
 //! the spill queue, the store, the IO pool); its fields are private to
 //! this module and to its operations, which live in child modules by
-//! concern: [`evict`], [`write`], [`failure`], [`read`], `transfer` and
-//! `validate`.
+//! concern: [`evict`], [`write`], [`failure`], [`read`], [`query`],
+//! `transfer` and `validate`.
 //!
 //! Lock order (docs/design.md): at most two locks are held at once — a
 //! shard's (in write mode), then the prefetch admission lock inside it;
@@ -17,6 +17,7 @@
 
 pub(crate) mod evict;
 pub(crate) mod failure;
+pub(crate) mod query;
 pub(crate) mod read;
 mod transfer;
 #[cfg(any(test, feature = "testing"))]
@@ -461,6 +462,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
             detached_bytes: g.detached as u64,
             detached_count: g.detached_count as u64,
             set_aside_bytes: g.set_aside as u64,
+            spilled_weight_bytes: g.spilled_weight as u64,
             io_busy_seconds_total: self.pool.busy_seconds(),
             disk_bytes: self.store.disk_bytes(),
             disk_count: self.store.disk_count(),

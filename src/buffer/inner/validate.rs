@@ -16,7 +16,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
     pub(crate) fn validate(&self) -> Result<(), String> {
         self.pool.wait_idle_blocking();
         let (mut resident, mut count, mut spilling, mut pinned, mut len) = (0, 0, 0, 0, 0);
-        let (mut pinned_spilling, mut set_aside) = (0, 0);
+        let (mut pinned_spilling, mut set_aside, mut live_weight) = (0, 0, 0);
         let (mut detached, mut detached_count) = (0, 0);
         let mut disk_records = 0u64;
         // (key, record, state) of every entry with a disk copy, checked
@@ -79,6 +79,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
                     return Err(format!("key {:?} is in the wrong shard", n.key));
                 }
                 let in_memory = n.state().value().is_some();
+                live_weight += n.weight;
                 if n.pins() > 0 && !in_memory {
                     return Err(format!("slot {i}: pinned but {}", n.state().name()));
                 }
@@ -125,6 +126,7 @@ impl<K: Key, V: Spill> Inner<K, V> {
             spilling: spilling as isize,
             pinned_spilling: pinned_spilling as isize,
             len: len as isize,
+            live_weight: live_weight as isize,
             detached: detached as isize,
             detached_count: detached_count as isize,
             set_aside: set_aside as isize,
