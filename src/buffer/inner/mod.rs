@@ -567,10 +567,11 @@ pub(crate) fn closed<V>() -> PinResult<V> {
 mod tests {
     use super::LockedShard;
 
-    /// `Builder::shards` documents about 2 KiB per shard before any key.
+    /// `Builder::shards` documents about 1.5 KiB per shard before any key:
+    /// this, and the eight stripes of its lock, a cache line each.
     #[test]
     fn a_shard_costs_under_2_kib() {
-        let shard = std::mem::size_of::<LockedShard<u64, Vec<f64>>>();
+        let shard = std::mem::size_of::<LockedShard<u64, Vec<f64>>>() + 8 * 128;
         assert!(shard <= 2048, "{shard} bytes per shard");
     }
 }
