@@ -165,10 +165,11 @@ impl<K, V> Builder<K, V> {
         self
     }
 
-    /// Number of index shards (independent locks). Each shard takes a few
-    /// hundred bytes before it holds a key: its lock, its table and the
-    /// heads of its LRU lists, on cache lines of its own so
-    /// that threads working on different keys do not write the same line.
+    /// Number of index shards (independent locks). Each shard takes about
+    /// 1.5 KiB before it holds a key: its lock (a stripe of a cache line
+    /// for each of eight reader slots, so that threads reading one shard
+    /// do not write the same line), its table and the heads of its LRU
+    /// lists, on cache lines of its own.
     /// Defaults to: 16.
     pub fn shards(mut self, n: usize) -> Self {
         self.cfg.shards = n;

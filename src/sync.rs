@@ -19,12 +19,48 @@
 #[cfg(not(all(test, shuttle)))]
 pub(crate) use parking_lot::{Condvar, Mutex, ReentrantMutex, ReentrantMutexGuard, RwLock};
 #[cfg(not(all(test, shuttle)))]
+pub(crate) use sharded::ShardedLock;
+#[cfg(not(all(test, shuttle)))]
 pub(crate) use std::sync::{atomic, Arc, Weak};
 
+#[cfg(all(test, shuttle))]
+pub(crate) use shim::RwLock as ShardedLock;
 #[cfg(all(test, shuttle))]
 pub(crate) use shim::{Condvar, Mutex, ReentrantMutex, ReentrantMutexGuard, RwLock};
 #[cfg(all(test, shuttle))]
 pub(crate) use shuttle::sync::{atomic, Arc, Weak};
+
+/// A read-write lock whose readers lock only the stripe of their own
+/// thread (crossbeam's `ShardedLock`, eight stripes on cache lines of
+/// their own): two threads reading one shard write no common cache line.
+/// A writer locks every stripe. `parking_lot`'s interface: guards from
+/// `read()` and `write()`, no poisoning.
+#[cfg(not(all(test, shuttle)))]
+mod sharded {
+    use crossbeam_utils::sync as cb;
+
+    pub(crate) struct ShardedLock<T>(cb::ShardedLock<T>);
+
+    impl<T> ShardedLock<T> {
+        pub(crate) fn new(value: T) -> Self {
+            ShardedLock(cb::ShardedLock::new(value))
+        }
+
+        #[inline]
+        pub(crate) fn read(&self) -> cb::ShardedLockReadGuard<'_, T> {
+            self.0
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        }
+
+        #[inline]
+        pub(crate) fn write(&self) -> cb::ShardedLockWriteGuard<'_, T> {
+            self.0
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        }
+    }
+}
 
 /// `parking_lot`'s interface over shuttle's locks.
 #[cfg(all(test, shuttle))]

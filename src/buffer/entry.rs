@@ -11,7 +11,6 @@
 
 use crate::buffer::accounting::Delta;
 use crate::buffer::detached::{Detached, Removed};
-use crate::buffer::hit::HitPins;
 use crate::buffer::pinned::Waiter;
 use crate::store::compact::Relocated;
 use crate::store::DiskLoc;
@@ -102,14 +101,11 @@ pub(crate) struct Node<K, V> {
     /// that they never act on a newer value of the same key.
     pub version: u64,
     /// Pins the shard counts: taken under the write lock, plus one for a
-    /// lease of `hits` (see [`crate::buffer::hit`]).
+    /// lease of its hit pins (see [`crate::buffer::hit`]).
     pins: u32,
     /// [`CONSUMED`], [`SET_ASIDE`]: one byte, so that the node stays 96
     /// bytes.
     flags: u8,
-    /// Pins taken under the read lock and the last use: present while the
-    /// value is in memory and the entry was on a list since.
-    pub(super) hits: Option<Arc<HitPins<V>>>,
     pub(super) tick: u64,
     pub(super) prev: u32,
     pub(super) next: u32,
@@ -209,7 +205,6 @@ impl<K, V> Node<K, V> {
             prev: NIL,
             next: NIL,
             list: None,
-            hits: None,
         }
     }
 

@@ -1,7 +1,7 @@
 //! [`Pinned`]: an RAII guard on a value that keeps its entry from being
 //! evicted until the last guard for it is dropped or consumed.
 
-use crate::buffer::hit::{HitPins, PinAt, PinOwner, Released};
+use crate::buffer::hit::{HitPins, PinAt, PinOwner};
 use crate::error::Result;
 use crate::sync::Arc;
 use std::fmt;
@@ -84,13 +84,13 @@ impl<V> Pinned<V> {
             Some(Hold::Entry { value, owner, at }) => owner.unpin(at, consume, value),
             Some(Hold::Hit(pins)) => {
                 // A consume goes through the shard, which orders it; a
-                // plain release needs the shard only to end a lease.
+                // plain release needs the buffer only to end a lease.
                 if let Some(owner) = consume.then(|| pins.owner()).flatten() {
                     owner.consume_hit(pins);
-                } else if pins.release(!consume) == Released::EndLease {
+                } else if let Some(last) = HitPins::release(pins, !consume) {
                     // The buffer may be gone: the lease ends here then.
-                    if let Some(owner) = pins.owner() {
-                        owner.end_lease(pins);
+                    if let Some(owner) = last.owner() {
+                        owner.unpin(last.at(), consume, last.into_value());
                     }
                 }
             }
@@ -144,10 +144,8 @@ impl<V> Clone for Pinned<V> {
                     at: *at,
                 }
             }
-            Hold::Hit(pins) => {
-                pins.repin();
-                Hold::Hit(Arc::clone(pins))
-            }
+            // Another handle is another pin.
+            Hold::Hit(pins) => Hold::Hit(Arc::clone(pins)),
         };
         Pinned { hold: Some(hold) }
     }

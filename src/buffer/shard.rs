@@ -3,10 +3,10 @@
 //! ([`lru`](super::lru)). It does no IO and takes no lock; the buffer puts
 //! each shard behind a read-write lock.
 //!
-//! The shard also keeps its entries' [`HitPins`] in step with its lists:
-//! an entry's are open exactly while it is on a list, so that a lookup
-//! under the read lock ([`Shard::hit`]) can pin it, and closing them while
-//! pinned leases the entry one pin (see [`crate::buffer::hit`]).
+//! The shard also keeps its entries' [`HitPins`] in step with its lists: a
+//! lookup under the read lock ([`Shard::hit`]) pins only an entry on a
+//! list, and taking one off its list while pinned there leases the entry
+//! one pin (see [`crate::buffer::hit`]).
 //!
 //! Every operation applies entry transitions, adds up the gauge changes
 //! they make (taken by [`Shard::take_delta`] and applied before the lock
@@ -106,10 +106,18 @@ pub(crate) enum Found<K, V> {
     },
 }
 
+/// A bucket of a shard's index: a key, its slot, and the entry's hit pins
+/// while it is on a list. The key is a copy of its node's, so that a hit
+/// reads the bucket and the hit pins, not the node.
+struct Bucket<K, V> {
+    key: K,
+    hits: Option<Arc<HitPins<V>>>,
+    slot: u32,
+}
+
 pub(crate) struct Shard<K, V> {
-    /// Slots of the live nodes, found by key hash. The key itself lives in
-    /// the node only: 4 bytes a bucket rather than a copy of the key.
-    map: HashTable<u32>,
+    /// The live nodes' buckets, found by key hash.
+    map: HashTable<Bucket<K, V>>,
     hash: KeyHash,
     slab: Slab<K, V>,
     free: Vec<u32>,
@@ -162,7 +170,7 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         use crate::buffer::hit::PinOwner;
         use crate::sync::Weak;
         let owner: Weak<dyn PinOwner<V>> = Weak::<tests::NoOwner>::new();
-        Self::new_in(KeyHash::new(), Arc::new(HitContext::new(owner, 1)), 0)
+        Self::new_in(KeyHash::new(), Arc::new(HitContext::new(owner)), 0)
     }
 
     // ----- the index ----------------------------------------------------
@@ -184,14 +192,45 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let slab = &self.slab;
+        self.bucket_of(hash, key).map(|b| b.slot)
+    }
+
+    /// The bucket of `key`, whose hash is `hash`.
+    #[inline]
+    fn bucket_of<Q>(&self, hash: u64, key: &Q) -> Option<&Bucket<K, V>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.map.find(hash, |b| b.key.borrow() == key)
+    }
+
+    /// The slot of `key` and its hit pins (if it is on a list), from one
+    /// look-up.
+    pub(crate) fn find_with_hits<Q>(
+        &self,
+        hash: u64,
+        key: &Q,
+    ) -> Option<(u32, Option<&Arc<HitPins<V>>>)>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.bucket_of(hash, key).map(|b| (b.slot, b.hits.as_ref()))
+    }
+
+    /// The bucket of the live slot `idx`.
+    fn bucket_mut(&mut self, idx: u32) -> &mut Bucket<K, V> {
+        let hash = self.hash.of(&self.node(idx).key);
         self.map
-            .find(hash, |&i| {
-                slab[i as usize]
-                    .as_ref()
-                    .is_some_and(|n| n.key.borrow() == key)
-            })
-            .copied()
+            .find_mut(hash, |b| b.slot == idx)
+            .expect("a live slot is in the table")
+    }
+
+    /// The hit pins of the live slot `idx`, if it is on a list.
+    pub(crate) fn hits_of(&self, idx: u32) -> Option<&Arc<HitPins<V>>> {
+        let hash = self.hash.of(&self.node(idx).key);
+        self.map.find(hash, |b| b.slot == idx)?.hits.as_ref()
     }
 
     pub(crate) fn contains<Q>(&self, key: &Q) -> bool
@@ -249,12 +288,14 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
                 (self.slab.len() - 1) as u32
             }
         };
-        let Shard {
-            map, slab, hash: h, ..
-        } = self;
-        map.insert_unique(hash, idx, |&i| {
-            h.of(&slab[i as usize].as_ref().expect("live slot").key)
-        });
+        let key = self.node(idx).key.clone();
+        let bucket = Bucket {
+            key,
+            hits: None,
+            slot: idx,
+        };
+        let h = self.hash;
+        self.map.insert_unique(hash, bucket, |b| h.of(&b.key));
         idx
     }
 
@@ -262,9 +303,8 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
     /// value still held by pins or a write is kept as detached.
     fn take(&mut self, idx: u32) -> Removed<V> {
         self.unlink(idx);
-        self.drop_hits(idx);
         let hash = self.hash.of(&self.node(idx).key);
-        match self.map.find_entry(hash, |&i| i == idx) {
+        match self.map.find_entry(hash, |b| b.slot == idx) {
             Ok(slot) => drop(slot.remove()),
             Err(_) => debug_assert!(false, "live slot {idx} missing from the table"),
         }
@@ -303,59 +343,56 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
 
     // ----- the LRU lists and the hit pins --------------------------------
 
-    /// Link `idx` as most recently used, at `tick`; its hit pins open.
+    /// Link `idx` as most recently used, at `tick`: lookups under the read
+    /// lock may pin it.
     fn link_front(&mut self, idx: u32, kind: ListKind, tick: u64) {
         self.lists.link_front(&mut self.slab, idx, kind, tick);
-        self.hits_of(idx).open(tick);
+        self.hits_linked(idx, tick);
     }
 
-    /// Link `idx` as the first to go; its hit pins open.
+    /// Link `idx` as the first to go.
     fn link_back(&mut self, idx: u32, kind: ListKind) {
         self.lists.link_back(&mut self.slab, idx, kind);
-        self.hits_of(idx).open(0);
+        self.hits_linked(idx, 0);
     }
 
-    /// The hit pins of `idx`, made if it has none yet (it is going on a
-    /// list).
-    fn hits_of(&mut self, idx: u32) -> &HitPins<V> {
-        let (ctx, number) = (&self.ctx, self.number);
-        let n = self.slab[idx as usize].as_mut().expect("live slot");
+    /// `idx` went on a list at `tick`: lookups under the read lock may pin
+    /// it, through hit pins of its own.
+    fn hits_linked(&mut self, idx: u32, tick: u64) {
+        let n = self.node(idx);
         let at = PinAt {
-            shard: number,
+            shard: self.number,
             slot: idx,
             version: n.version,
         };
-        let weight = n.weight;
         let value = n.state().value().expect("a listed entry is in memory");
-        let value = Arc::clone(value);
-        n.hits
-            .get_or_insert_with(|| Arc::new(HitPins::new(Arc::clone(ctx), at, value, weight)))
+        let hits = HitPins::new(Arc::clone(&self.ctx), at, Arc::clone(value), tick);
+        let bucket = self.bucket_mut(idx);
+        debug_assert!(bucket.hits.is_none(), "linked twice");
+        bucket.hits = Some(Arc::new(hits));
     }
 
-    /// Take `idx` off its list, if it is on one; its hit pins close, and
-    /// pins held through them become the entry's lease (one pin). Returns
-    /// the hit pins it closed.
-    fn unlink(&mut self, idx: u32) -> Option<Arc<HitPins<V>>> {
+    /// Take `idx` off its list, if it is on one: no more pins under the
+    /// read lock. Pins held through its hit pins become the entry's lease
+    /// (one pin), and the entry lets go of them. Returns the last use its
+    /// hit pins recorded (0 if leased).
+    fn unlink(&mut self, idx: u32) -> Option<u64> {
         self.node(idx).list?;
         self.lists.unlink(&mut self.slab, idx);
-        let hits = Arc::clone(
-            self.node(idx)
-                .hits
-                .as_ref()
-                .expect("a listed entry has hit pins"),
-        );
-        if hits.close() > 0 {
-            let d = self.node_mut(idx).pin();
-            self.add(d);
+        let hits = self.bucket_mut(idx).hits.take();
+        let hits = hits.expect("a listed entry has hit pins");
+        if !HitPins::pinned(&hits) {
+            return Some(hits.last_use());
         }
-        Some(hits)
-    }
-
-    /// `idx`'s value is leaving memory, or the entry the index: it lets go
-    /// of its hit pins (closed already). Pins still held through them keep
-    /// them until their lease ends.
-    fn drop_hits(&mut self, idx: u32) {
-        self.node_mut(idx).hits = None;
+        match Arc::into_inner(hits) {
+            // Every pin was released since the look: no lease.
+            Some(hits) => Some(hits.last_use()),
+            None => {
+                let d = self.node_mut(idx).pin();
+                self.add(d);
+                Some(0)
+            }
+        }
     }
 
     /// For [`crate::Stats`]: pins of a value in memory that took this

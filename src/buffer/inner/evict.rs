@@ -110,8 +110,9 @@ impl<K: Key, V: Spill> Inner<K, V> {
     ) -> bool {
         let _one = self.eviction.lock();
         let mut moved = 0;
+        let hit_pinned = self.hit_pinned();
         loop {
-            let pinned = self.pinned() + self.hit_pinned();
+            let pinned = self.pinned() + hit_pinned;
             if self.accounting.has_room(w, pinned, target) {
                 return true;
             }

@@ -124,13 +124,13 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
         let inner = self.inner();
         let hash = inner.hasher.of(key);
         inner.read_shard(hash, |shard| {
-            let n = shard.node(shard.find_hashed(hash, key)?);
-            let value = n.state().value()?;
+            let (idx, hits) = shard.find_with_hits(hash, key)?;
+            let value = shard.node(idx).state().value()?;
             // The use, as a pin's release records it. An entry on no list
             // (pinned under the write lock, being written, or set aside)
             // gets a new tick when it goes back on one, whatever is
             // recorded here.
-            if let Some(hits) = n.hits.as_ref() {
+            if let Some(hits) = hits {
                 hits.touch();
             }
             Some(f(value))

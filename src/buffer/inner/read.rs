@@ -122,16 +122,19 @@ impl<K: Key, V: Spill> Inner<K, V> {
         // again, as long as there are clean values old enough to drop
         // (each round drops at least one or ends). The bound only guards
         // against a livelock that progress elsewhere rules out.
+        // Values pinned under a read lock are the host's working set too,
+        // though no gauge counts them: added up by a walk of the index,
+        // once the counted pins alone leave no room.
+        let mut hit_pinned = None;
         for _ in 0..64 {
             let target = self.target();
             let refused = Cell::new(None);
+            let pinned = self.pinned() + hit_pinned.unwrap_or(0);
             let start = self.with_shard(s, |shard| {
                 // Promise the memory first, so concurrent prefetches cannot
                 // together pass the target.
                 shard.start_prefetch(&key, |w| {
-                    let admitted =
-                        self.accounting
-                            .admit(w, self.pinned() + self.hit_pinned(), target);
+                    let admitted = self.accounting.admit(w, pinned, target);
                     if !admitted {
                         refused.set(Some(w));
                     }
@@ -144,6 +147,13 @@ impl<K: Key, V: Spill> Inner<K, V> {
             }
             // Not on disk, consumed, or gone: nothing to read.
             let Some(w) = refused.get() else { return };
+            if hit_pinned.is_none() {
+                let walked = self.hit_pinned();
+                hit_pinned = Some(walked);
+                if walked > 0 {
+                    continue;
+                }
+            }
             if !self.drop_clean_for(w, asked) {
                 return;
             }

@@ -1,18 +1,19 @@
-//! Pins of a shard's entries: taken under the read lock (a hit, counted on
-//! the entry's hit pins) or under the write lock, released, and the lease
-//! a pin of an entry taken off its list holds (see `buffer::hit`).
+//! Pins of a shard's entries: taken under the read lock (a hit, a handle
+//! on the entry's hit pins) or under the write lock, released, and the
+//! lease that pins of an entry taken off its list become (see
+//! `buffer::hit`).
 
 use super::Shard;
 use crate::buffer::detached::Detached;
 use crate::buffer::entry::Unpinned;
-use crate::buffer::hit::{HitPins, PinAt, Released};
+use crate::buffer::hit::{HitPins, PinAt};
 use crate::sync::Arc;
 use std::borrow::Borrow;
 use std::hash::Hash;
 
 impl<K: Hash + Eq + Clone, V> Shard<K, V> {
     /// Pin `key`'s value under the read lock, if it is in memory and on its
-    /// list: the pin is counted on its hit pins, and the entry stays where
+    /// list: the pin is a handle on its hit pins, and the entry stays where
     /// it is (its release records the use).
     #[inline]
     pub(crate) fn hit<Q>(&self, hash: u64, key: &Q) -> Option<Arc<HitPins<V>>>
@@ -20,9 +21,17 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let n = self.node(self.find_hashed(hash, key)?);
-        let hits = n.hits.as_ref()?;
-        hits.try_pin().then(|| Arc::clone(hits))
+        self.bucket_of(hash, key)?.hits.clone()
+    }
+
+    /// Weight of the entries pinned through their hit pins: pinned, though
+    /// not counted (a lease is). A walk of the index.
+    pub(crate) fn hit_pinned(&self) -> usize {
+        self.map
+            .iter()
+            .filter(|b| b.hits.as_ref().is_some_and(HitPins::pinned))
+            .map(|b| self.node(b.slot).weight)
+            .sum()
     }
 
     /// One pin of slot `idx` (of `version`) released. Returns a value to
@@ -48,10 +57,7 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         self.add(d);
         match next {
             Unpinned::Nothing => None,
-            Unpinned::Freed(value) => {
-                self.drop_hits(idx);
-                Some((value, true))
-            }
+            Unpinned::Freed(value) => Some((value, true)),
             Unpinned::Link {
                 kind,
                 first_out: true,
@@ -78,38 +84,30 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         }
     }
 
-    /// The last pin of a lease of `hits` was released: the entry's lease
-    /// pin goes, as [`Shard::unpin`] (consuming, if `consume`); for an
-    /// entry removed or replaced meanwhile, the detached value's pin.
-    pub(crate) fn lease_ended(
-        &mut self,
-        hits: &HitPins<V>,
-        consume: bool,
-        target: usize,
-        tick: impl FnOnce() -> u64,
-    ) -> Option<(Arc<V>, bool)> {
-        hits.lease_returned();
-        let at = hits.at();
-        self.unpin(at.slot, at.version, consume, target, tick)
-    }
-
-    /// A holder of a pin of `hits` consumed it: that pin goes, and the
+    /// A holder of the pin `hits` consumed it: that pin goes, and the
     /// entry is first in line once no pin is left. The entry comes off its
-    /// list first (the pins of `hits` become a lease) so that the release
-    /// is the shard's to order.
+    /// list first (its pins there become a lease) so that the release is
+    /// the shard's to order. Returns what [`Shard::unpin`] does.
     pub(crate) fn consume_hit(
         &mut self,
-        hits: &HitPins<V>,
+        hits: Arc<HitPins<V>>,
         target: usize,
         tick: impl FnOnce() -> u64,
     ) -> Option<(Arc<V>, bool)> {
-        let live = self.live(hits.at());
+        let at = hits.at();
+        let live = self.live(at);
         if let Some(idx) = live {
             self.unlink(idx);
         }
-        match hits.release(false) {
-            Released::EndLease => self.lease_ended(hits, true, target, tick),
-            Released::Done => {
+        match HitPins::release(hits, false) {
+            // The last pin of the lease: the entry's pin for it goes.
+            // This guard's handle on the value goes first, so that a
+            // value the shard lets go of is left with the caller's.
+            Some(last) => {
+                drop(last);
+                self.unpin(at.slot, at.version, true, target, tick)
+            }
+            None => {
                 if let Some(idx) = live {
                     self.node_mut(idx).mark_consumed();
                 }

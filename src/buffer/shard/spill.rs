@@ -26,7 +26,7 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         if expect_tick.is_some_and(|t| t != tick) {
             return None;
         }
-        if self.settle(idx, tick, kind).is_none() {
+        if !self.settle(idx, tick, kind) {
             return Some((0, After::default()));
         }
         let n = self.node_mut(idx);
@@ -34,15 +34,11 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         let (evicted, d) = n.evict()?;
         self.add(d);
         let after = match evicted {
-            Evicted::Dropped(value) => {
-                // The value left memory: so do its hit pins.
-                self.drop_hits(idx);
-                After {
-                    drop: Some(value),
-                    clean_eviction: true,
-                    ..After::default()
-                }
-            }
+            Evicted::Dropped(value) => After {
+                drop: Some(value),
+                clean_eviction: true,
+                ..After::default()
+            },
             Evicted::Write(value) => After {
                 write: Some(SpillJob {
                     key,
@@ -56,24 +52,28 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
     }
 
     /// Take the tail `idx` of `kind` (placed at `tick`) off its list, for
-    /// eviction. `None` if it must not go: pinned under the read lock
+    /// eviction. `false` if it must not go: pinned under the read lock
     /// (leased now, and relinked by the last release), or used since it
     /// was placed (moved up to its last use, and back on its list).
-    /// Otherwise it is off its list, with its hit pins (closed).
-    fn settle(&mut self, idx: u32, tick: u64, kind: ListKind) -> Option<Arc<HitPins<V>>> {
-        let hits = self.unlink(idx).expect("a list's tail is on it");
+    /// Otherwise it is off its list.
+    fn settle(&mut self, idx: u32, tick: u64, kind: ListKind) -> bool {
+        let used = self.unlink(idx).expect("a list's tail is on it");
         if self.node(idx).pins() > 0 {
-            return None;
+            return false;
         }
-        let used = hits.last_use();
         if used > tick {
             self.node_mut(idx).used_again();
-            self.lists.link_sorted(&mut self.slab, idx, kind, used);
-            hits.open(used);
+            self.relink_sorted(idx, kind, used);
             self.repaired = self.repaired.max(used);
-            return None;
+            return false;
         }
-        Some(hits)
+        true
+    }
+
+    /// Put `idx` back on `kind` in the place of `tick`.
+    fn relink_sorted(&mut self, idx: u32, kind: ListKind, tick: u64) {
+        self.lists.link_sorted(&mut self.slab, idx, kind, tick);
+        self.hits_linked(idx, tick);
     }
 
     /// When writes are held back: lease the tail of `kind` if it is pinned
@@ -84,23 +84,20 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         let Some((idx, tick)) = self.tail(kind) else {
             return false;
         };
-        let Some(hits) = &self.node(idx).hits else {
+        let Some(hits) = self.hits_of(idx) else {
             return false;
         };
         // Under the write lock no pin is added from none: a tail seen
         // unpinned and unused here stays so.
-        if hits.pins() == 0 && hits.last_use() <= tick {
+        if !HitPins::pinned(hits) && hits.last_use() <= tick {
             return false;
         }
-        match self.settle(idx, tick, kind) {
-            None => true,
-            Some(hits) => {
-                // Its pins were released meanwhile: back in its place.
-                self.lists.link_sorted(&mut self.slab, idx, kind, tick);
-                hits.open(tick);
-                false
-            }
+        if self.settle(idx, tick, kind) {
+            // Its pins were released meanwhile: back in its place.
+            self.relink_sorted(idx, kind, tick);
+            return false;
         }
+        true
     }
 
     /// `key`'s write finished at `loc`. Returns what to do and whether the
@@ -117,9 +114,6 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         };
         let (freed, d) = self.node_mut(idx).spill_done(loc);
         self.add(d);
-        if freed.is_some() {
-            self.drop_hits(idx);
-        }
         After {
             drop: freed,
             ..After::default()

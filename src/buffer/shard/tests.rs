@@ -2,7 +2,6 @@
 //! lock, with no threads and no files.
 
 use super::*;
-use crate::buffer::hit::Released;
 
 fn shard_with(keys: &[u32]) -> Shard<u32, u32> {
     let mut s = Shard::new();
@@ -44,7 +43,7 @@ fn a_pin_under_the_read_lock_keeps_the_entry_listed_and_eviction_moves_it_up() {
     assert_eq!(s.order(ListKind::Dirty), vec![1, 2, 3], "a hit moved it");
     // This thread's clock past the ticks the shard was given by hand.
     s.ctx.ticks.next(100);
-    assert_eq!(hits.release(true), Released::Done);
+    assert!(HitPins::release(hits, true).is_none(), "the entry holds it");
     s.validate().unwrap();
     // The tail was used since it was linked: moved up, not evicted.
     let (w, after) = s.evict_tail(ListKind::Dirty, None).unwrap();
@@ -74,8 +73,9 @@ fn evicting_a_tail_pinned_under_the_read_lock_leases_it_until_released() {
         "a leased entry pinned under the read lock"
     );
     s.validate().unwrap();
-    assert_eq!(hits.release(true), Released::EndLease);
-    assert!(s.lease_ended(&hits, false, 100, || 10).is_none());
+    let last = HitPins::release(hits, true).expect("the lease ends");
+    let at = last.at();
+    assert!(s.unpin(at.slot, at.version, false, 100, || 10).is_none());
     assert_eq!(s.order(ListKind::Dirty), vec![2, 1]);
     s.validate().unwrap();
     assert_eq!(s.take_delta().pinned, 0);
@@ -92,8 +92,10 @@ fn removing_an_entry_pinned_under_the_read_lock_keeps_its_value_detached() {
         "a pinned value was handed back to drop"
     );
     assert_eq!(s.detached().count(), 1);
-    assert_eq!(hits.release(true), Released::EndLease);
-    let freed = s.lease_ended(&hits, false, 100, || 10);
+    let last = HitPins::release(hits, true).expect("the lease ends");
+    let at = last.at();
+    drop(last);
+    let freed = s.unpin(at.slot, at.version, false, 100, || 10);
     assert!(
         matches!(freed, Some((_, false))),
         "the last pin frees the value"
@@ -158,8 +160,5 @@ pub(crate) struct NoOwner;
 impl<V> crate::buffer::hit::PinOwner<V> for NoOwner {
     fn repin(&self, _: crate::buffer::hit::PinAt) {}
     fn unpin(&self, _: crate::buffer::hit::PinAt, _: bool, _: Arc<V>) {}
-    fn end_lease(&self, _: Arc<HitPins<V>>) {}
-    fn consume_hit(&self, pins: Arc<HitPins<V>>) {
-        pins.release(false);
-    }
+    fn consume_hit(&self, _: Arc<HitPins<V>>) {}
 }

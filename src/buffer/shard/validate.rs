@@ -3,6 +3,7 @@
 
 use super::Shard;
 use crate::buffer::entry::Node;
+use crate::sync::Arc;
 use std::hash::Hash;
 
 impl<K: Hash + Eq + Clone, V> Shard<K, V> {
@@ -33,32 +34,28 @@ impl<K: Hash + Eq + Clone, V> Shard<K, V> {
         Ok(())
     }
 
-    /// A node's hit pins are open exactly when the node is on a list
-    /// (which only an entry in memory is), and a leased one holds a pin of
-    /// the node.
+    /// A node has hit pins exactly while it is on a list, for its version
+    /// and value, and its bucket a copy of its key.
     #[cfg(any(test, feature = "testing"))]
     fn validate_hits(&self, i: u32, n: &Node<K, V>) -> Result<(), String> {
-        let Some(hits) = &n.hits else {
-            return match n.list {
-                Some(_) => Err(format!("slot {i} is on a list without hit pins")),
-                None => Ok(()),
-            };
-        };
-        if n.state().value().is_none() {
-            return Err(format!("slot {i} has hit pins but is {}", n.state().name()));
-        }
-        if hits.at().slot != i || hits.at().version != n.version {
-            return Err(format!("slot {i}: its hit pins are for {:?}", hits.at()));
-        }
-        if hits.is_open() != n.list.is_some() {
+        let hits = self.hits_of(i);
+        if hits.is_some() != n.list.is_some() {
             return Err(format!(
-                "slot {i}: hit pins open {}, on list {:?}",
-                hits.is_open(),
+                "slot {i}: hit pins {}, on list {:?}",
+                hits.is_some(),
                 n.list
             ));
         }
-        if hits.is_leased() && n.pins() == 0 {
-            return Err(format!("slot {i}: hit pins leased, entry unpinned"));
+        let Some(hits) = hits else { return Ok(()) };
+        let value = n.state().value();
+        if !value.is_some_and(|v| Arc::ptr_eq(v, hits.value())) {
+            return Err(format!(
+                "slot {i} ({}) has hit pins of another value",
+                n.state().name()
+            ));
+        }
+        if hits.at().slot != i || hits.at().version != n.version {
+            return Err(format!("slot {i}: its hit pins are for {:?}", hits.at()));
         }
         Ok(())
     }

@@ -138,9 +138,9 @@ fn consuming_a_hit_frees_a_clean_value_and_puts_a_dirty_one_first() {
     assert_eq!(b.stats().memory_bytes, before - W as u64, "not freed");
     assert!(on_disk(&b).contains(&0));
     let s0 = b.inner().shard_of(&0u64);
-    let kept = b
-        .inner()
-        .with_shard(s0, |shard| shard.nodes().any(|(_, n)| n.hits.is_some()));
+    let kept = b.inner().with_shard(s0, |shard| {
+        shard.nodes().any(|(i, _)| shard.hits_of(i).is_some())
+    });
     assert!(!kept, "a freed value kept its hit pins");
     // A dirty one goes first, before older values.
     for k in 1..=4 {
