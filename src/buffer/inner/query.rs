@@ -13,8 +13,10 @@
 
 use super::Inner;
 use crate::buffer::entry::Node;
+use crate::buffer::hit::HitPins;
 use crate::buffer::shard::Shard;
 use crate::buffer::{Key, SpillBuffer};
+use crate::sync::Arc;
 use crate::value::Spill;
 use std::borrow::Borrow;
 use std::hash::Hash;
@@ -43,9 +45,21 @@ impl KeyInfo {
 }
 
 impl<K: Key, V: Spill> Inner<K, V> {
-    /// `f` on the shard of `key` (by its `hash`) under its read lock.
-    fn read_shard<R>(&self, hash: u64, f: impl FnOnce(&Shard<K, V>) -> R) -> R {
-        f(&self.shards[self.shard_of_hash(hash)].core.read())
+    /// `f` on `key`'s shard, its slot and its hit pins (if listed), under
+    /// the shard's read lock; `None` if the key is absent.
+    fn read_key<Q, R>(
+        &self,
+        key: &Q,
+        f: impl FnOnce(&Shard<K, V>, u32, Option<&Arc<HitPins<V>>>) -> Option<R>,
+    ) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.hasher.of(key);
+        let shard = self.shards[self.shard_of_hash(hash)].core.read();
+        let (idx, hits) = shard.find_with_hits(hash, key)?;
+        f(&shard, idx, hits)
     }
 
     /// Every live key whose entry passes `keep`, shard by shard.
@@ -77,13 +91,8 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let inner = self.inner();
-        let hash = inner.hasher.of(key);
-        inner.read_shard(hash, |shard| {
-            shard
-                .find_hashed(hash, key)
-                .map(|i| KeyInfo::of(shard.node(i)))
-        })
+        self.inner()
+            .read_key(key, |shard, i, _| Some(KeyInfo::of(shard.node(i))))
     }
 
     /// The key as stored, equal to `key`: the one given to the insert
@@ -96,13 +105,8 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let inner = self.inner();
-        let hash = inner.hasher.of(key);
-        inner.read_shard(hash, |shard| {
-            shard
-                .find_hashed(hash, key)
-                .map(|i| shard.node(i).key.clone())
-        })
+        self.inner()
+            .read_key(key, |shard, i, _| Some(shard.node(i).key.clone()))
     }
 
     /// Call `f` on `key`'s value if it is in memory, without pinning it,
@@ -121,10 +125,7 @@ impl<K: Key, V: Spill> SpillBuffer<K, V> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let inner = self.inner();
-        let hash = inner.hasher.of(key);
-        inner.read_shard(hash, |shard| {
-            let (idx, hits) = shard.find_with_hits(hash, key)?;
+        self.inner().read_key(key, |shard, idx, hits| {
             let value = shard.node(idx).state().value()?;
             // The use, as a pin's release records it. An entry on no list
             // (pinned under the write lock, being written, or set aside)
