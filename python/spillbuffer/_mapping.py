@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextvars import ContextVar
@@ -201,6 +202,13 @@ class SpillBuffer(MutableMapping):
     #: by the Dask factory (``spillbuffer.dask``); ``evict()`` then keeps
     #: that much being written, instead of ``evict_in_flight``.
     memory_over: Callable[[], int | None] | None = None
+    #: Of each ``evict_window`` seconds, ``evict()`` spends at most this
+    #: long (waiting for light values' writes, on the caller's thread: the
+    #: event loop for the memory monitor) before it declines, returning -1,
+    #: until the next window: a monitor's round over many small values
+    #: would otherwise hold the event loop for half a second at a time.
+    evict_budget = 0.05
+    evict_window = 0.1
 
     def __init__(
         self,
@@ -261,6 +269,9 @@ class SpillBuffer(MutableMapping):
         #: on the plugin's thread).
         self._eviction_target = target
         self._eviction_target_lock = threading.Lock()
+        #: ``evict()``'s time budget: the current window and the time spent in it.
+        self._evict_window_start = float("-inf")
+        self._evict_spent = 0.0
         self._seen = dict.fromkeys(_COUNTERS, 0.0)
         self._memory_reads = 0
         #: Reads of __getitem__ that waited for the disk (not prefetched in time).
@@ -444,14 +455,23 @@ class SpillBuffer(MutableMapping):
           landed by then returns -1 and holds further evictions until it
           has;
         - a heavier value counts as leaving memory once queued, and the
-          monitor goes on.
+          monitor goes on;
+        - of every ``evict_window`` seconds it spends at most about
+          ``evict_budget`` in calls (its caller, the monitor, runs on the
+          event loop); past that it returns -1 until the next window.
 
         Returns -1 too when nothing is evictable or the write fails within
         the wait. Never raises."""
+        start = time.monotonic()
+        if start - self._evict_window_start >= self.evict_window:
+            self._evict_window_start, self._evict_spent = start, 0.0
+        elif self._evict_spent >= self.evict_budget:
+            return -1
         try:
             over = self.memory_over() if self.memory_over is not None else None
             cap = over if over is not None and over > 0 else self._evict_in_flight
             weight = self._core.evict_one(cap, self.evict_wait, self.evict_heavy)
+            self._evict_spent += time.monotonic() - start
             self._digest_io()
             self._report_errors()
             return weight

@@ -436,6 +436,23 @@ def test_evict_without_memory_over_falls_back_to_evict_in_flight(make):
     assert len(buf.slow) == 2
 
 
+def test_evict_declines_past_its_time_budget(make):
+    # The monitor calls evict() on the event loop until memory falls; with
+    # many small values that is a long stretch of waits for writes. Past
+    # evict_budget seconds of an evict_window, evict() declines.
+    buf = make(target=1 << 30, evict_in_flight=1 << 40)
+    buf.evict_wait = 30.0
+    buf.evict_budget, buf.evict_window = 0.0, 3600.0
+    for i in range(3):
+        buf[i] = np.zeros(1000)
+    assert buf.evict() > 0  # a window's first call goes
+    assert buf.evict() == -1  # then the budget is spent
+    assert len(buf.fast) == 2
+    buf.evict_window = 0.0  # every call a new window
+    assert buf.evict() > 0 and buf.evict() > 0
+    assert len(buf.fast) == 0
+
+
 def test_metrics_use_units_prometheus_accepts(make):
     buf = make()
     buf["a"] = np.zeros(100)
