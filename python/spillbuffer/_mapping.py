@@ -192,7 +192,7 @@ class SpillBuffer(MutableMapping):
 
     #: How long ``evict()`` waits (GIL released) for the write it queued
     #: to land, for a value lighter than ``evict_heavy``.
-    evict_wait = 0.005
+    evict_wait = 0.02
     #: From this weight on, ``evict()`` counts a value whose write has not
     #: landed within ``evict_wait`` as leaving memory and lets the monitor
     #: go on (a lighter one is expected to land within the wait).
