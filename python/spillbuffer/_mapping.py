@@ -7,7 +7,6 @@ import atexit
 import logging
 import os
 import sys
-import threading
 import time
 import weakref
 from collections.abc import Iterator, Mapping, MutableMapping
@@ -171,14 +170,11 @@ class SpillBuffer(MutableMapping):
         ``weight(value) -> int``: the bytes a value counts for. Defaults to
         ``dask.sizeof.sizeof`` when dask is importable, else ``sys.getsizeof``.
     write_headroom
-        Keep memory free for the values being written: a value stays in
-        memory (with any encoded copy) until its write lands, so while
-        inserts make writes the target the buffer evicts to is lowered by
-        the heaviest value inserted so far times the most writes seen in
-        flight at once (one to ``io_threads``; down to a quarter of
-        ``target`` at most). Reads back with no write in flight (``hold``)
-        evict to the whole ``target`` again. Off by default; the Dask
-        factory turns it on.
+        Keep memory free for the copies writes make: each IO thread writing
+        a value holds an encoded copy of it until the write lands, so the
+        target the buffer evicts to is lowered by ``io_threads`` times the
+        heaviest value inserted so far (down to a quarter of ``target`` at
+        most). Off by default; the Dask factory turns it on.
     evict_in_flight
         ``evict()`` (the memory monitor's manual eviction) declines, returning
         -1, while this many bytes or more are still being written, so that a
@@ -261,14 +257,6 @@ class SpillBuffer(MutableMapping):
         self._io_threads = io_threads
         self._write_headroom = bool(write_headroom)
         self._heaviest = 0
-        #: Most writes seen in flight at once (write_headroom), at most
-        #: ``io_threads``; the headroom is that many of the heaviest value.
-        self._writes_at_once = 1
-        #: The target the buffer evicts to now (see ``_evict_to``), and the
-        #: lock that keeps it the buffer's (inserts on the event loop, reads
-        #: on the plugin's thread).
-        self._eviction_target = target
-        self._eviction_target_lock = threading.Lock()
         #: ``evict()``'s time budget: the current window and the time spent in it.
         self._evict_window_start = float("-inf")
         self._evict_spent = 0.0
@@ -293,45 +281,14 @@ class SpillBuffer(MutableMapping):
         writes in flight will bring it down (back-pressure), and not when
         spilling is failing (the value is then kept in memory)."""
         weight = int(self._weight(value))
-        # A heavy insert (half the heaviest value or more) makes writes of
-        # that size: leave room for them.
-        heavy = self._write_headroom and weight > 0 and 2 * weight >= self._heaviest
-        if heavy:
-            self._heaviest = max(self._heaviest, weight)
-            self._evict_to(self.target - self._writes_at_once * self._heaviest)
+        if self._write_headroom and weight > self._heaviest:
+            self._heaviest = weight
+            self._core.set_target(max(self.target - self._io_threads * weight, self.target // 4))
         flags = self._core.set(key, value, weight)
         if flags & 2:
             self._digest_io()
-        elif heavy:
-            # No write landed since the last call: writes may be piling up.
-            self._note_in_flight(self._core.stats()["spilling_bytes"])
         if flags & 1:
             self._report_errors()
-
-    def _evict_to(self, target: int) -> None:
-        """The write headroom (``write_headroom``): the buffer evicts to
-        ``target`` less room for the writes in flight while inserts make
-        writes, and to the whole ``target`` again when values are read
-        back with no write in flight (``hold``): a write-back of a value
-        still to be used, to make room for a read, would write what never
-        had to leave memory."""
-        target = max(target, self.target // 4)
-        if target == self._eviction_target:
-            return
-        with self._eviction_target_lock:
-            self._eviction_target = target
-            self._core.set_target(target)
-
-    def _note_in_flight(self, spilling: int) -> None:
-        """Writes in flight now (bytes being written): widen the headroom
-        if more of the heaviest values are in flight at once than it
-        leaves room for."""
-        if not self._write_headroom or not self._heaviest:
-            return
-        at_once = min(-(-spilling // self._heaviest), self._io_threads)
-        if at_once > self._writes_at_once:
-            self._writes_at_once = at_once
-            self._evict_to(self.target - at_once * self._heaviest)
 
     def __getitem__(self, key: object) -> object:
         """The value; one on disk is read back with the GIL released (and
@@ -519,8 +476,6 @@ class SpillBuffer(MutableMapping):
         on the returned handle. Absent keys and failed reads are skipped
         (the next read of the key reports the error)."""
         keys = [k for k in keys if k in self]
-        if keys and self._eviction_target < self.target and not self._core.stats()["spilling_bytes"]:
-            self._evict_to(self.target)
         return self._core.hold(keys)
 
     def _resident(self, key: object) -> bool:
@@ -622,7 +577,6 @@ class SpillBuffer(MutableMapping):
         worker, whose ``serialize`` meter excludes the ``compress`` one
         nested in it, the serializer's compression step is reported apart."""
         s = self._core.stats()
-        self._note_in_flight(s["spilling_bytes"])
         out = {name: float(s[field]) for name, field in _COUNTERS.items()}
         compress = self._dumps.compress_seconds
         out["compress", "seconds"] = compress

@@ -40,24 +40,3 @@ def test_released_values_whose_writes_are_queued_are_not_written(make):
     s = buf.stats()
     assert s["spilled_bytes_total"] <= before + io_threads * ((1 << 20) + 4096), (before, s)
     assert s["disk_bytes"] == 0, s
-
-
-def test_reads_back_with_no_write_in_flight_write_nothing_back(make):
-    # The write headroom lowers the target the buffer evicts to while
-    # inserts make writes. A read back once the writes have landed evicts
-    # to the whole target again: a value still resident is not written
-    # out to make room for it.
-    buf = make(target=8 << 20, limit=64 << 20, write_headroom=True, compression=None)
-    for i, v in enumerate(arrays(16)):
-        buf[i] = v
-    buf.flush()
-    resident = buf.stats()["memory_count"]
-    assert resident < 8, resident  # the headroom: room for a value or two being written
-    written = buf.stats()["spilled_bytes_total"]
-    # Read back and used, as a task's input is; the pin goes after use.
-    buf.hold([0]).release()
-    assert buf.in_memory(0)
-    buf.flush()
-    s = buf.stats()
-    assert s["spilled_bytes_total"] == written, (written, s)
-    assert s["memory_count"] == resident + 1, s
