@@ -3,7 +3,8 @@ spillbuffer.
 
 Loaded with ``-p spillbuffer_patch`` (see ``run.sh``). It replaces the
 class the worker builds for its ``data`` (``distributed.worker_memory.
-SpillBuffer``) by ``spillbuffer.SpillBuffer``, and skips, by name and with
+SpillBuffer``) by ``spillbuffer.SpillBuffer`` following the worker's memory
+monitor (``spillbuffer.dask.follow_memory_monitor``), and skips, by name and with
 the reason, the tests that assert distributed's synchronous spilling
 itself: behaviour this mapping replaces on purpose (docs/dask.md).
 
@@ -15,21 +16,29 @@ Environment:
 
 from __future__ import annotations
 
-import functools
 import os
 
 import pytest
 
 import distributed.worker_memory
 import spillbuffer
+import spillbuffer.dask
 
 PATCHED = os.environ.get("SPILLBUFFER_PATCH", "1") == "1"
 
 if PATCHED:
-    _cls = spillbuffer.SpillBuffer
+    _options = {}
     if os.environ.get("SPILLBUFFER_COMPRESSION"):
-        _cls = functools.partial(_cls, compression=os.environ["SPILLBUFFER_COMPRESSION"])
-    distributed.worker_memory.SpillBuffer = _cls
+        _options["compression"] = os.environ["SPILLBUFFER_COMPRESSION"]
+
+    def _worker_spill_buffer(*args, **kwargs):
+        # What the worker would build, following its memory monitor as the
+        # factory of spillbuffer.dask.data() does.
+        buffer = spillbuffer.SpillBuffer(*args, **kwargs, **_options)
+        spillbuffer.dask.follow_memory_monitor(buffer)
+        return buffer
+
+    distributed.worker_memory.SpillBuffer = _worker_spill_buffer
 
 # Test node id (without parameters) -> why it cannot pass against a mapping
 # that spills off the event loop.

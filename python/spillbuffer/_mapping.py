@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextvars import ContextVar
@@ -170,10 +171,6 @@ class _Staged:
 
 
 class SpillBuffer(MutableMapping):
-    #: How long ``evict()`` waits (GIL released) for the write queued by
-    #: the previous call to land before declining.
-    evict_wait = 0.005
-
     """A mapping that keeps values in memory under a byte ``target`` and
     spills the least recently used to ``directory`` on a dedicated IO pool.
 
@@ -213,11 +210,32 @@ class SpillBuffer(MutableMapping):
         ``evict()`` (the memory monitor's manual eviction) declines, returning
         -1, while this many bytes or more are still being written, so that a
         monitor re-reading process memory does not evict the whole memory
-        tier before the first writes land. Defaults to ``target // 8``.
+        tier before the first writes land, unless ``memory_over`` tells it
+        how much has to leave memory. Defaults to ``target // 8``.
 
     Keys may be str, bytes, int, float, bool, None and tuples of them;
     values any object that pickles (or that distributed can serialize).
     """
+
+    #: How long ``evict()`` waits (GIL released) for the write it queued
+    #: to land, for a value lighter than ``evict_heavy``.
+    evict_wait = 0.02
+    #: From this weight on, ``evict()`` counts a value whose write has not
+    #: landed within ``evict_wait`` as leaving memory and lets the monitor
+    #: go on (a lighter one is expected to land within the wait).
+    evict_heavy = 1 << 20
+    #: ``() -> int``: the bytes by which process memory is over what the
+    #: worker's memory monitor evicts down to, or ``None`` (unknown). Set
+    #: by the Dask factory (``spillbuffer.dask``); ``evict()`` then keeps
+    #: that much being written, instead of ``evict_in_flight``.
+    memory_over: Callable[[], int | None] | None = None
+    #: Of each ``evict_window`` seconds, ``evict()`` spends at most this
+    #: long (waiting for light values' writes, on the caller's thread: the
+    #: event loop for the memory monitor) before it declines, returning -1,
+    #: until the next window: a monitor's round over many small values
+    #: would otherwise hold the event loop for half a second at a time.
+    evict_budget = 0.05
+    evict_window = 0.1
 
     def __init__(
         self,
@@ -275,6 +293,9 @@ class SpillBuffer(MutableMapping):
         #: taken off the target it evicts to meanwhile.
         self._staged_bytes = 0
         self._staged_lock = threading.Lock()
+        #: ``evict()``'s time budget: the current window and the time spent in it.
+        self._evict_window_start = float("-inf")
+        self._evict_spent = 0.0
         self._seen = dict.fromkeys(_COUNTERS, 0.0)
         self._memory_reads = 0
         #: Reads of __getitem__ that waited for the disk (not prefetched in time).
@@ -412,14 +433,38 @@ class SpillBuffer(MutableMapping):
     def evict(self) -> int:
         """The memory monitor's manual eviction: queue the least recently
         used value for writing (or drop it, if it has a disk copy) and
-        return its weight. Returns -1, evicting nothing, when nothing is
-        evictable or when ``evict_in_flight`` bytes are already being
-        written, or when the write queued by the previous call has not
-        landed within ``evict_wait`` seconds (the monitor then re-checks at
-        its next tick instead of evicting the whole memory tier before the
-        first writes land and memory falls). Never raises."""
+        return its weight. Memory falls only when a write lands, while the
+        monitor evicts, re-reads process memory and evicts again until it
+        is low enough; so:
+
+        - while writes under way already cover what has to leave memory
+          (``memory_over()``, or ``evict_in_flight`` bytes when that is not
+          known or not positive), this evicts nothing and returns -1, which
+          ends the monitor's round; the weight returned is counted up to
+          that, so the monitor never totals more than it needed while
+          memory has not fallen yet (it would run the garbage collector);
+        - the write of a value lighter than ``evict_heavy`` is waited for
+          up to ``evict_wait`` seconds (GIL released); one that has not
+          landed by then returns -1 and holds further evictions until it
+          has;
+        - a heavier value counts as leaving memory once queued, and the
+          monitor goes on;
+        - of every ``evict_window`` seconds it spends at most about
+          ``evict_budget`` in calls (its caller, the monitor, runs on the
+          event loop); past that it returns -1 until the next window.
+
+        Returns -1 too when nothing is evictable or the write fails within
+        the wait. Never raises."""
+        start = time.monotonic()
+        if start - self._evict_window_start >= self.evict_window:
+            self._evict_window_start, self._evict_spent = start, 0.0
+        elif self._evict_spent >= self.evict_budget:
+            return -1
         try:
-            weight = self._core.evict_one(self._evict_in_flight, self.evict_wait)
+            over = self.memory_over() if self.memory_over is not None else None
+            cap = over if over is not None and over > 0 else self._evict_in_flight
+            weight = self._core.evict_one(cap, self.evict_wait, self.evict_heavy)
+            self._evict_spent += time.monotonic() - start
             self._digest_io()
             self._report_errors()
             return weight

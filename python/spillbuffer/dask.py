@@ -20,6 +20,7 @@ import inspect
 import logging
 import os
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -53,23 +54,52 @@ def data(**options: Any) -> tuple:
 
 
 def _memory_manager():
-    """The worker's memory manager calling the factory, found on the stack:
-    the factory is given the local directory but not the memory limit,
-    which the manager has already parsed when it builds ``data``."""
+    """The worker's memory manager calling the factory, and the worker it
+    is built for, found on the stack: the factory is given the local
+    directory but not the memory limit, which the manager has already
+    parsed when it builds ``data``. ``(None, None)`` elsewhere."""
     from distributed.worker_memory import WorkerMemoryManager
 
     frame = inspect.currentframe()
     try:
-        for _ in range(6):
+        for _ in range(8):
             frame = frame.f_back if frame is not None else None
             if frame is None:
-                return None
+                return None, None
             me = frame.f_locals.get("self")
             if isinstance(me, WorkerMemoryManager):
-                return me
-        return None
+                return me, frame.f_locals.get("worker")
+        return None, None
     finally:
         del frame
+
+
+def follow_memory_monitor(buffer: SpillBuffer, worker=None) -> None:
+    """Tell ``buffer`` how far process memory is over what the worker's
+    memory monitor evicts down to (``SpillBuffer.memory_over``), so that
+    ``evict()`` keeps exactly that much being written. ``worker`` defaults
+    to the one whose memory manager is building ``buffer`` (found on the
+    stack); without one this does nothing. ``worker_buffer`` calls it."""
+    if worker is None:
+        worker = _memory_manager()[1]
+    if worker is None:
+        return
+    ref = weakref.ref(worker)
+
+    def memory_over() -> int | None:
+        w = ref()
+        manager = getattr(w, "memory_manager", None)
+        monitor = getattr(w, "monitor", None)
+        limit = getattr(manager, "memory_limit", None)
+        # What the monitor evicts down to (WorkerMemoryManager._spill).
+        fraction = getattr(manager, "memory_target_fraction", None) or getattr(
+            manager, "memory_spill_fraction", None
+        )
+        if not limit or not fraction or monitor is None:
+            return None
+        return monitor.get_process_memory() - int(limit * fraction)
+
+    buffer.memory_over = memory_over
 
 
 def _process_memory() -> int:
@@ -85,7 +115,7 @@ def _process_memory() -> int:
 def worker_buffer(worker_local_directory: str, **options: Any) -> SpillBuffer:
     """Build a worker's ``SpillBuffer`` under its local directory (the
     callable of ``data()``)."""
-    manager = _memory_manager()
+    manager, worker = _memory_manager()
     limit = getattr(manager, "memory_limit", None)
     if "target" not in options:
         fraction = getattr(manager, "memory_target_fraction", None) or getattr(
@@ -120,7 +150,9 @@ def worker_buffer(worker_local_directory: str, **options: Any) -> SpillBuffer:
     options.setdefault("write_headroom", True)
     if "max_spill" not in options and manager is not None:
         options["max_spill"] = manager.max_spill
-    return SpillBuffer(os.path.join(worker_local_directory, "spillbuffer"), **options)
+    buffer = SpillBuffer(os.path.join(worker_local_directory, "spillbuffer"), **options)
+    follow_memory_monitor(buffer, worker)
+    return buffer
 
 
 class PrefetchPlugin(WorkerPlugin):

@@ -193,9 +193,10 @@ impl Core {
         moved
     }
 
-    /// [`Core::evict_one`], with the GIL released: the weight evicted, or
-    /// `None` for the -1 the protocol asks.
-    fn evict_one_unlocked(&self, buf: &Buffer, cap: u64, wait_s: f64) -> Option<i64> {
+    /// [`Core::evict_one`], with the GIL released: the weight evicted
+    /// (counted up to what `cap` still allows), or `None` for the -1 the
+    /// protocol asks.
+    fn evict_one_unlocked(&self, buf: &Buffer, cap: u64, wait_s: f64, heavy: u64) -> Option<i64> {
         let landed = |s: &Stats| s.spill_count_total + s.spill_errors_total;
         let pending = *self.manual_pending.lock();
         if let Some(threshold) = pending {
@@ -216,6 +217,10 @@ impl Core {
         if w == 0 {
             return None;
         }
+        // What the monitor counts: no more than it may still put in flight,
+        // so that it never totals more than it needed while memory has not
+        // fallen yet (it would then run the garbage collector on the loop).
+        let counted = (w as u64).min(cap - before.spilling_bytes) as i64;
         // A clean eviction freed its memory at once; a dirty one queued a
         // write. Writes land in queue order, so the next one landing is
         // this one or one before it.
@@ -233,10 +238,15 @@ impl Core {
                 std::thread::sleep(Duration::from_micros(50));
             };
             if !done {
-                // Still in flight: memory has not fallen yet. -1 ends the
-                // monitor's round here, before it concludes that evicting
-                // did not free memory (it would then run the garbage
-                // collector on the loop); it looks again at its next tick.
+                if w as u64 >= heavy {
+                    // A heavy value takes its time to write: it counts
+                    // towards `cap` while in flight, and the monitor goes
+                    // on evicting until the writes under way cover it.
+                    return Some(counted);
+                }
+                // A light one that has not landed (a slow serializer, a
+                // busy machine): memory has not fallen yet. -1 ends the
+                // monitor's round here; it looks again at its next tick.
                 *self.manual_pending.lock() = Some(threshold);
                 return None;
             } else if buf.stats().spill_errors_total > before.spill_errors_total {
@@ -245,7 +255,7 @@ impl Core {
                 return None;
             }
         }
-        Some(w as i64)
+        Some(counted)
     }
 }
 
@@ -485,20 +495,26 @@ impl Core {
     }
 
     /// The memory monitor's eviction: evict the least recently used value
-    /// and return its weight, or -1 if nothing was evicted or its write is
-    /// still in flight.
+    /// and return its weight (counted up to what `cap` still allows), or
+    /// -1 if nothing was evicted.
     ///
     /// A monitor evicts, re-reads process memory and evicts again while it
-    /// is high; memory only falls once a write lands. So after queuing a
-    /// write this waits up to `wait_s` (GIL released) for it to land, which
-    /// a small write does well within that; and while a write so queued has
-    /// not landed, or `cap` bytes or more are being written, it evicts
-    /// nothing: the monitor then stops and tries again at its next tick,
-    /// instead of evicting the whole memory tier before memory falls.
+    /// is high; memory only falls once a write lands. So:
+    ///
+    /// - while `cap` bytes or more are being written, this evicts nothing:
+    ///   the writes under way will bring memory down (the mapping passes
+    ///   what process memory is over the monitor's target as `cap`);
+    /// - after queuing the write of a value lighter than `heavy`, it waits
+    ///   up to `wait_s` (GIL released) for it to land, which a small write
+    ///   does well within that; one that has not landed returns -1 and
+    ///   holds further evictions until it has;
+    /// - a value of `heavy` bytes or more is not waited for past `wait_s`:
+    ///   it counts as leaving memory, and the monitor goes on.
+    ///
     /// A write seen failing within the wait also returns -1, as the
     /// protocol asks.
-    fn evict_one(&self, py: Python<'_>, cap: u64, wait_s: f64) -> PyResult<i64> {
-        self.with_buffer(py, |buf| self.evict_one_unlocked(buf, cap, wait_s))
+    fn evict_one(&self, py: Python<'_>, cap: u64, wait_s: f64, heavy: u64) -> PyResult<i64> {
+        self.with_buffer(py, |buf| self.evict_one_unlocked(buf, cap, wait_s, heavy))
             .map(|w| w.unwrap_or(-1))
     }
 

@@ -47,6 +47,11 @@ async def worker_takes_the_factory(tmp_path):
                 cfg = dask.config.get("distributed.worker.memory")
                 assert buf.target <= buf.limit < int((1 << 30) * (cfg["spill"] + cfg["pause"]) / 2)
                 assert buf.spill_directory.startswith(os.path.join(w.local_directory, "spillbuffer"))
+                # evict() follows the memory monitor: what process memory
+                # is over what the monitor evicts down to.
+                monitor_target = int((1 << 30) * dask.config.get("distributed.worker.memory.target"))
+                w.monitor.get_process_memory = lambda: monitor_target + 12345
+                assert buf.memory_over() == 12345
                 async with Client(s.address, asynchronous=True) as c:
                     x = c.submit(np.arange, 10, key="x")
                     y = c.submit(lambda a: a.sum(), x, key="y")

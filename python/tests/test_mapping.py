@@ -416,6 +416,71 @@ def test_evict_declines_while_a_write_is_in_flight(make, cap):
     assert not buf.fast and len(buf.slow) == 2
 
 
+def test_evict_keeps_what_has_to_leave_memory_in_flight(make):
+    # Told how far process memory is over the monitor's target (as the
+    # Dask factory tells it), evict() goes on past heavy values whose
+    # writes have not landed, until the writes under way cover that, and
+    # counts the last one only up to it: the monitor's total never passes
+    # what it needed while memory has not fallen yet.
+    Gate.opened.clear()
+    buf = make(target=1 << 30, weight=lambda v: 100)
+    buf.evict_wait = 0.0
+    buf.evict_heavy = 100
+    buf.memory_over = lambda: 250
+    for i in range(5):
+        buf[i] = Gate()
+    try:
+        got = []
+        while (w := buf.evict()) != -1:
+            got.append(w)
+            assert len(got) <= 5, got
+        assert got == [100, 100, 50]
+        assert buf.stats()["spilling_bytes"] == 300
+        assert len(buf.fast) == 5  # nothing has landed
+    finally:
+        Gate.opened.set()
+    buf.flush()
+    assert len(buf.slow) == 3 and len(buf.fast) == 2
+
+
+def test_evict_without_memory_over_falls_back_to_evict_in_flight(make):
+    # A memory reading under the monitor's target (evict() called by
+    # someone else than the monitor's round) or none: evict_in_flight caps
+    # what is put in flight.
+    Gate.opened.clear()
+    buf = make(target=1 << 30, weight=lambda v: 100, evict_in_flight=150)
+    buf.evict_wait = 0.0
+    buf.evict_heavy = 100
+    buf.memory_over = lambda: -1 << 20
+    for i in range(5):
+        buf[i] = Gate()
+    try:
+        assert [buf.evict() for _ in range(3)] == [100, 50, -1]
+        buf.memory_over = lambda: None
+        assert buf.evict() == -1
+    finally:
+        Gate.opened.set()
+    buf.flush()
+    assert len(buf.slow) == 2
+
+
+def test_evict_declines_past_its_time_budget(make):
+    # The monitor calls evict() on the event loop until memory falls; with
+    # many small values that is a long stretch of waits for writes. Past
+    # evict_budget seconds of an evict_window, evict() declines.
+    buf = make(target=1 << 30, evict_in_flight=1 << 40)
+    buf.evict_wait = 30.0
+    buf.evict_budget, buf.evict_window = 0.0, 3600.0
+    for i in range(3):
+        buf[i] = np.zeros(1000)
+    assert buf.evict() > 0  # a window's first call goes
+    assert buf.evict() == -1  # then the budget is spent
+    assert len(buf.fast) == 2
+    buf.evict_window = 0.0  # every call a new window
+    assert buf.evict() > 0 and buf.evict() > 0
+    assert len(buf.fast) == 0
+
+
 def test_metrics_use_units_prometheus_accepts(make):
     buf = make()
     buf["a"] = np.zeros(100)
