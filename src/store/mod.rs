@@ -186,6 +186,9 @@ pub(crate) struct Store<K> {
     space_epoch: AtomicU64,
     /// The file system punches holes; cleared at the first `Unsupported`.
     punch_ok: AtomicBool,
+    /// Held while a value handed over in pieces is gathered into one copy
+    /// to be compressed (see `put_pieces`).
+    gather: Mutex<()>,
 }
 
 impl<K: Clone + Debug> Store<K> {
@@ -215,6 +218,7 @@ impl<K: Clone + Debug> Store<K> {
             space_returned: AtomicBool::new(false),
             space_epoch: AtomicU64::new(0),
             punch_ok: AtomicBool::new(true),
+            gather: Mutex::new(()),
         }
     }
 

@@ -257,6 +257,24 @@ impl<K: Clone + Debug> Store<K> {
         self.write_pieces(key, &[&head, bytes])
     }
 
+    /// `pieces` gathered and compressed into a sealed record, or `None`
+    /// if lz4 does not pay. The gathered copy is as large as the value,
+    /// so one IO thread at a time makes one (`Store::gather`), and it is
+    /// freed before the write: memory held for a value being written
+    /// stays within one extra copy of the largest value, however many IO
+    /// threads there are.
+    fn compress_pieces(&self, pieces: &EncodedPieces<'_>) -> Option<Vec<u8>> {
+        let _one = self.gather.lock();
+        let mut all = Vec::with_capacity(pieces.len());
+        pieces.iter().for_each(|p| all.extend_from_slice(p));
+        let mut rec = Vec::new();
+        let n = codec::compress_into(&all, &mut rec, record::HEADER)?;
+        drop(all);
+        rec.truncate(record::HEADER + n);
+        record::seal(&mut rec, Codec::Lz4, pieces.len() as u64);
+        Some(rec)
+    }
+
     /// Write a large value handed over in pieces ([`EncodedPieces`]): as
     /// [`Self::put_in_place`], from the value's own memory behind a header
     /// on the stack, the pieces written one after another. Gathered into
@@ -264,19 +282,11 @@ impl<K: Clone + Debug> Store<K> {
     fn put_pieces(&self, key: &K, pieces: &EncodedPieces<'_>) -> Result<DiskLoc> {
         let raw_len = pieces.len() as u64;
         if self.compression() == Compression::Lz4 {
-            let done = with_scratch(|sc| {
-                if !codec::might_pay(|| pieces.iter(), pieces.len(), &mut sc.a, &mut sc.b) {
-                    return None;
-                }
-                sc.a.clear();
-                pieces.iter().for_each(|p| sc.a.extend_from_slice(p));
-                let n = codec::compress_into(&sc.a, &mut sc.b, record::HEADER)?;
-                let rec = &mut sc.b[..record::HEADER + n];
-                record::seal(rec, Codec::Lz4, raw_len);
-                Some(self.write(key, rec))
+            let pays = with_scratch(|sc| {
+                codec::might_pay(|| pieces.iter(), pieces.len(), &mut sc.a, &mut sc.b)
             });
-            if let Some(res) = done {
-                return res;
+            if let Some(rec) = pays.then(|| self.compress_pieces(pieces)).flatten() {
+                return self.write(key, &rec);
             }
         }
         let mut head = [0u8; record::HEADER];
