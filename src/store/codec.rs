@@ -49,7 +49,7 @@ const WINDOW: usize = 10_000;
 /// Keep the compressed form only if it is at most 7/10 of the raw bytes,
 /// the ratio a worker asks of its samples and frames: a smaller saving
 /// is not worth lz4's time on write and on every read.
-fn pays(raw: usize, compressed: usize) -> bool {
+pub(crate) fn pays(raw: usize, compressed: usize) -> bool {
     compressed * 10 <= raw * 7
 }
 

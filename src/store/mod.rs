@@ -32,6 +32,7 @@ pub(crate) mod record;
 pub(crate) mod scratch;
 mod space;
 pub(crate) mod spare;
+mod stitch;
 pub mod storage;
 pub(crate) mod transfer;
 #[cfg(any(test, feature = "testing"))]
@@ -186,9 +187,6 @@ pub(crate) struct Store<K> {
     space_epoch: AtomicU64,
     /// The file system punches holes; cleared at the first `Unsupported`.
     punch_ok: AtomicBool,
-    /// Held while a value handed over in pieces is gathered into one copy
-    /// to be compressed (see `put_pieces`).
-    gather: Mutex<()>,
 }
 
 impl<K: Clone + Debug> Store<K> {
@@ -218,7 +216,6 @@ impl<K: Clone + Debug> Store<K> {
             space_returned: AtomicBool::new(false),
             space_epoch: AtomicU64::new(0),
             punch_ok: AtomicBool::new(true),
-            gather: Mutex::new(()),
         }
     }
 

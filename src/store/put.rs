@@ -6,6 +6,7 @@
 use super::codec::{self, Codec, Compression};
 use super::record;
 use super::scratch::{with_scratch, Scratch};
+use super::stitch;
 use super::{DiskLoc, Store};
 use crate::error::{Error, Result};
 use crate::value::{EncodedPieces, Spill};
@@ -257,20 +258,15 @@ impl<K: Clone + Debug> Store<K> {
         self.write_pieces(key, &[&head, bytes])
     }
 
-    /// `pieces` gathered and compressed into a sealed record, or `None`
-    /// if lz4 does not pay. The gathered copy is as large as the value,
-    /// so one IO thread at a time makes one (`Store::gather`), and it is
-    /// freed before the write: memory held for a value being written
-    /// stays within one extra copy of the largest value, however many IO
-    /// threads there are.
+    /// `pieces` compressed into a sealed record, or `None` if lz4 does
+    /// not pay. Each large piece is compressed where it is and the blocks
+    /// joined ([`super::stitch`]): no copy as large as the value is made.
     fn compress_pieces(&self, pieces: &EncodedPieces<'_>) -> Option<Vec<u8>> {
-        let _one = self.gather.lock();
-        let mut all = Vec::with_capacity(pieces.len());
-        pieces.iter().for_each(|p| all.extend_from_slice(p));
-        let mut rec = Vec::new();
-        let n = codec::compress_into(&all, &mut rec, record::HEADER)?;
-        drop(all);
-        rec.truncate(record::HEADER + n);
+        let mut rec = vec![0u8; record::HEADER];
+        let n = stitch::compress(pieces.iter(), &mut rec)?;
+        if !codec::pays(pieces.len(), n) {
+            return None;
+        }
         record::seal(&mut rec, Codec::Lz4, pieces.len() as u64);
         Some(rec)
     }
