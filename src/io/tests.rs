@@ -177,16 +177,11 @@ fn stream_jobs_run_apart_from_the_queues() {
 
 /// Read threads take demand reads while every IO thread is busy, and
 /// nothing else: a spill job waits for an IO thread.
-#[test]
-fn read_threads_run_demand_reads_only() {
-    let readers = Readers {
-        threads: 2,
-        on_start: None,
-    };
-    let pool = Pool::with_readers(1, readers).unwrap();
+/// Start a spill job on one of `pool`'s IO threads that runs until the
+/// returned sender sends (or is dropped); returns once it has started.
+fn occupy(pool: &Pool) -> crossbeam_channel::Sender<()> {
     let (gate_tx, gate_rx) = crossbeam_channel::bounded::<()>(0);
     let (started_tx, started_rx) = crossbeam_channel::bounded::<()>(1);
-    // Occupy the only IO thread with a spill job.
     pool.submit(
         Priority::Spill,
         Box::new(move || {
@@ -195,6 +190,18 @@ fn read_threads_run_demand_reads_only() {
         }),
     );
     started_rx.recv().unwrap();
+    gate_tx
+}
+
+#[test]
+fn read_threads_run_demand_reads_only() {
+    let readers = Readers {
+        threads: 2,
+        on_start: None,
+    };
+    let pool = Pool::with_readers(1, readers).unwrap();
+    // Occupy the only IO thread with a spill job.
+    let gate_tx = occupy(&pool);
     let spilled = Arc::new(AtomicBool::new(false));
     let s = Arc::clone(&spilled);
     pool.submit(Priority::Spill, Box::new(move || s.store(true, SeqCst)));
@@ -229,16 +236,7 @@ fn read_threads_run_demand_reads_only() {
 #[test]
 fn queued_frees_run_on_the_caller() {
     let pool = Pool::new(1).unwrap();
-    let (gate_tx, gate_rx) = crossbeam_channel::bounded::<()>(0);
-    let (started_tx, started_rx) = crossbeam_channel::bounded::<()>(1);
-    pool.submit(
-        Priority::Spill,
-        Box::new(move || {
-            started_tx.send(()).unwrap();
-            let _ = gate_rx.recv();
-        }),
-    );
-    started_rx.recv().unwrap();
+    let gate_tx = occupy(&pool);
     let ran_on = Arc::new(Mutex::new(None));
     let r = Arc::clone(&ran_on);
     pool.submit(
