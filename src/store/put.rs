@@ -273,8 +273,8 @@ impl<K: Clone + Debug> Store<K> {
 
     /// Write a large value handed over in pieces ([`EncodedPieces`]): as
     /// [`Self::put_in_place`], from the value's own memory behind a header
-    /// on the stack, the pieces written one after another. Gathered into
-    /// scratch only when lz4 may pay (samples of it say so).
+    /// on the stack, the pieces written one after another; compressed
+    /// piece by piece instead when samples say lz4 may pay.
     fn put_pieces(&self, key: &K, pieces: &EncodedPieces<'_>) -> Result<DiskLoc> {
         let raw_len = pieces.len() as u64;
         if self.compression() == Compression::Lz4 {
